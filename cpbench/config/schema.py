@@ -1,0 +1,106 @@
+"""Typed structured configs: the config keys of DESIGN.md, so a bad override is rejected by name."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+
+class Workflow(Enum):
+    inference = "inference"
+    training = "training"
+
+
+class DType(Enum):
+    float32 = "float32"
+    bfloat16 = "bfloat16"
+    float16 = "float16"
+
+
+@dataclass
+class TopologyConfig:
+    kind: str = "1d"  # "1d": CP ranks shard token rows; "2d": a rows x cols grid shards both pair axes
+    cp: int = 1
+    grid: list[int] | None = None  # [rows, cols] for 2d; null: the squarest factorisation of cp
+
+
+@dataclass
+class ShapeConfig:
+    n_tokens: int = 256
+    n_atoms: int | None = None  # null: atoms_per_token * n_tokens
+    atoms_per_token: int = 9
+    msa_depth: int = 16
+
+
+@dataclass
+class SweepConfig:
+    """The walltime points: the product of these lists (null entries take `shape.*`)."""
+
+    n_tokens: list[int] = field(default_factory=lambda: [128, 256])
+    n_atoms: list[Any] = field(default_factory=lambda: [None])
+    msa_depth: list[Any] = field(default_factory=lambda: [None])
+
+
+@dataclass
+class ProbeConfig:
+    enabled: bool = False
+    start: int = 512
+    factor: float = 2.0
+    granularity: int = 64
+    max_tokens: int | None = None
+    measure_at_max: bool = True
+
+
+@dataclass
+class TimingConfig:
+    warmup: int = 3
+    repeats: int = 5
+
+
+@dataclass
+class MemoryConfig:
+    budget_gib: float | None = None  # per-rank cap; null: the device's own memory
+
+
+@dataclass
+class DistConfig:
+    backend: str | None = None  # null: nccl with CUDA devices, gloo otherwise
+    timeout_s: float = 300.0  # bounds every collective: a lone failing rank cannot hang its peers longer
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 1e-4
+    weight_decay: float = 0.0
+
+
+@dataclass
+class LogConfig:
+    all_ranks: bool = False  # ranks other than 0 stay quiet unless set
+    progress: bool = True  # the progress bar on rank 0
+
+
+@dataclass
+class BenchConfig:
+    workload: Any = MISSING
+    workflow: Workflow = Workflow.inference
+    dtype: DType = DType.float32
+    topology: TopologyConfig = field(default_factory=TopologyConfig)
+    shape: ShapeConfig = field(default_factory=ShapeConfig)
+    sweep: SweepConfig = field(default_factory=SweepConfig)
+    probe: ProbeConfig = field(default_factory=ProbeConfig)
+    timing: TimingConfig = field(default_factory=TimingConfig)
+    memory: MemoryConfig = field(default_factory=MemoryConfig)
+    dist: DistConfig = field(default_factory=DistConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    log: LogConfig = field(default_factory=LogConfig)
+    seed: int = 0
+    output_dir: str = MISSING
+
+
+def register() -> None:
+    ConfigStore.instance().store(name="cpbench_schema", node=BenchConfig)

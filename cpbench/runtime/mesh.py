@@ -1,0 +1,27 @@
+"""The CP mesh from torch's DeviceMesh, and the peer groups workloads communicate over."""
+
+from __future__ import annotations
+
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+from cpbench.workloads.base import Topology
+
+
+def build_mesh(topology: Topology, device_type: str) -> tuple[DeviceMesh, tuple[int, int], tuple]:
+    """Return the mesh, this rank's (row block, column block) and its (row_peers, col_peers).
+
+    1d is a one-axis mesh ("cp") of row slabs; 2d a ("row", "col") grid. `row_peers` vary the
+    column block (they share token rows); `col_peers` vary the row block.
+    """
+    if topology.kind == "1d":
+        mesh = init_device_mesh(device_type, (topology.cp,), mesh_dim_names=("cp",))
+        coords = (mesh.get_local_rank("cp"), 0)
+        col_peers = mesh.get_group("cp") if topology.cp > 1 else None
+        return mesh, coords, (None, col_peers)
+    rows, cols = topology.grid
+    mesh = init_device_mesh(device_type, (rows, cols), mesh_dim_names=("row", "col"))
+    coords = (mesh.get_local_rank("row"), mesh.get_local_rank("col"))
+    row_peers = mesh.get_group("col") if cols > 1 else None
+    col_peers = mesh.get_group("row") if rows > 1 else None
+    return mesh, coords, (row_peers, col_peers)
+
