@@ -24,4 +24,3 @@ def build_mesh(topology: Topology, device_type: str) -> tuple[DeviceMesh, tuple[
     row_peers = mesh.get_group("col") if cols > 1 else None
     col_peers = mesh.get_group("row") if rows > 1 else None
     return mesh, coords, (row_peers, col_peers)
-

@@ -21,7 +21,9 @@ def pair_features(rows: slice, cols: slice, channels: int, seed: int, dtype: tor
     i = torch.arange(rows.start, rows.stop, dtype=torch.float64)[:, None, None]
     j = torch.arange(cols.start, cols.stop, dtype=torch.float64)[None, :, None]
     k = torch.arange(channels, dtype=torch.float64)[None, None, :]
-    return (torch.sin(0.731 * i + 1.379 * j + 2.113 * k + phase) * torch.cos(0.17 * (i - j) + phase)).to(dtype)
+    return (torch.sin(0.731 * i + 1.379 * j + 2.113 * k + phase) * torch.cos(0.17 * (i - j) + phase)).to(
+        dtype
+    )
 
 
 class AxialMixBlock(nn.Module):
@@ -75,7 +77,9 @@ class AxialMixWorkload:
 
     def build_batch(self, shape: Shape, ctx: RankContext) -> PairBatch:
         if not ctx.topology.accepts(shape.n_tokens):
-            raise ValueError(f"N_tokens={shape.n_tokens} does not tile the {ctx.topology.label} grid {ctx.topology.grid}")
+            raise ValueError(
+                f"N_tokens={shape.n_tokens} does not tile the {ctx.topology.label} grid {ctx.topology.grid}"
+            )
         rows, cols = ctx.block(shape.n_tokens)
         z = pair_features(rows, cols, self.channels, ctx.seed, ctx.dtype).to(ctx.device)
         return PairBatch(z=z, n_tokens=shape.n_tokens)

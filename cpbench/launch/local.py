@@ -1,0 +1,83 @@
+"""Launch `cp` ranks on this machine through torch's elastic launch API and wait for them."""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+from cpbench.bench import RunSpec, run_rank
+
+
+@dataclass
+class RankFailure(Exception):
+    """A rank failed: which one, why, and the head of its traceback."""
+
+    rank: int
+    reason: str
+    traceback: str
+    killed: bool  # ended by a signal rather than by raising
+
+    def __str__(self) -> str:
+        return f"rank {self.rank} failed: {self.reason}"
+
+
+# Messages of ranks that failed only because a peer had died first.
+_CONSEQUENCES = ("closed by peer", "reset by peer", "remote worker", "Socket Timeout", "timed out")
+
+
+def _reported(err: ChildFailedError) -> dict[int, tuple[Any, int]]:
+    """(message, exit code) per failed rank: those the agent saw, plus ranks whose error file was
+    written while the agent was already ending the job (the root cause is often among them)."""
+    found = {rank: (f.message, f.exitcode) for rank, f in err.failures.items()}
+    for failure in err.failures.values():
+        attempt = Path(failure.error_file).parent.parent
+        for path in attempt.glob("*/error.json"):
+            rank = int(path.parent.name)
+            if rank not in found:
+                found[rank] = (json.loads(path.read_text())["message"], 1)
+    return found
+
+
+def _failure(err: ChildFailedError) -> RankFailure:
+    """The root cause: the first rank to fail on its own, not a peer that lost its connection to it."""
+    reported = _reported(err)
+    rank = min(reported, key=lambda r: (any(c in str(reported[r][0]) for c in _CONSEQUENCES), r))
+    message, exitcode = reported[rank]
+    if isinstance(message, dict):
+        stack = message.get("extraInfo", {}).get("py_callstack", "")
+        head = stack.strip().splitlines()[-4:]
+        return RankFailure(rank, message.get("message", "").strip(), "\n".join(head), killed=False)
+    return RankFailure(rank, str(message or f"exit code {exitcode}"), "", killed=exitcode < 0)
+
+
+def launch_local(spec: RunSpec, nprocs: int, max_restarts: int = 0) -> None:
+    """Run `run_rank(spec)` in `nprocs` local processes; raise RankFailure when one fails (the agent
+    then ends the others). The rendezvous picks a free port on localhost."""
+    log_dir = Path(spec.output_dir) / "logs" / "launch"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    config = LaunchConfig(
+        min_nodes=1,
+        max_nodes=1,
+        nproc_per_node=nprocs,
+        rdzv_backend="c10d",
+        rdzv_endpoint="localhost:0",
+        run_id=str(uuid.uuid4()),
+        max_restarts=max_restarts,
+        monitor_interval=0.1,
+        start_method="spawn",
+        logs_specs=DefaultLogsSpecs(log_dir=str(log_dir)),
+    )
+    # The agent logs each failure at length; cpbench reports it in one message instead.
+    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
+    try:
+        elastic_launch(config, run_rank)(spec)
+    except ChildFailedError as err:
+        raise _failure(err) from None

@@ -1,0 +1,142 @@
+"""One measured point: build the batch (untimed), warm up, time the repeats, agree on the outcome.
+
+Every rank agrees on "fits / does not fit" through one collective on the control group before any
+further collective runs; memory is released outside the `except` block, since a live traceback
+keeps the failing frames' tensors alive.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from cpbench.distributed.comm import LEDGER
+from cpbench.measure.memory import read_peak_gib, release, reset_peak
+from cpbench.measure.oom import BudgetExceeded, describe, is_oom
+from cpbench.measure.step import StepRunner
+from cpbench.workloads.base import RankContext, Shape
+
+
+@dataclass
+class PointResult:
+    status: str  # ok | oom
+    peak_mem_gib: float  # max over ranks
+    walltime_ms: float | None = None  # median over repeats of the slowest rank
+    walltime_iqr_ms: float | None = None
+    forward_ms: float | None = None
+    backward_ms: float | None = None
+    optimizer_ms: float | None = None
+    comm_ms: float | None = None  # median over repeats of the largest per-rank time in collectives
+    comm_mib_per_step: float | None = None  # max over ranks of bytes sent per step
+    checksum: float | None = None  # float64 sum of the step output over all ranks
+    error: str = ""
+
+    def as_row(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _reduce(values: list[float], group: dist.ProcessGroup, op: dist.ReduceOp) -> list[float]:
+    t = torch.tensor(values, dtype=torch.float64)
+    dist.all_reduce(t, op=op, group=group)
+    return t.tolist()
+
+
+def agree_fits(fits: bool, group: dist.ProcessGroup) -> bool:
+    """True only when it fit on every rank."""
+    return _reduce([1.0 if fits else 0.0], group, dist.ReduceOp.MIN)[0] == 1.0
+
+
+def _median_iqr(samples: list[float]) -> tuple[float, float]:
+    if len(samples) == 1:
+        return samples[0], 0.0
+    q1, _, q3 = statistics.quantiles(samples, n=4, method="inclusive")
+    return statistics.median(samples), q3 - q1
+
+
+def _guarded(fn: Callable[[], Any]) -> tuple[Any, str]:
+    """Run fn; an out-of-memory error becomes a message, anything else propagates."""
+    try:
+        return fn(), ""
+    except Exception as err:
+        if not is_oom(err):
+            raise
+        return None, describe(err)
+
+
+def measure_point(
+    runner: StepRunner,
+    shape: Shape,
+    ctx: RankContext,
+    control: dist.ProcessGroup,
+    warmup: int,
+    repeats: int,
+    budget_gib: float | None = None,
+    fault: Callable[[str], None] = lambda phase: None,
+) -> PointResult:
+    """`fault(phase)` is the fault-injection hook, called at "batch" and inside each step."""
+    release(ctx.device)
+    reset_peak(ctx.device)
+
+    def build() -> Any:
+        fault("batch")
+        return runner.workload.build_batch(shape, ctx)
+
+    batch, failure = _guarded(build)
+    timed = None
+    if agree_fits(not failure, control):
+        timed, failure = _guarded(lambda: _run_repeats(runner, batch, control, warmup, repeats))
+    peak_local = read_peak_gib(ctx.device)
+    if not failure and budget_gib is not None and peak_local > budget_gib:
+        failure = describe(BudgetExceeded(f"peak {peak_local:.3f} GiB over memory.budget_gib={budget_gib}"))
+    batch = None
+    release(ctx.device)
+    fits = agree_fits(not failure, control)
+    peak = _reduce([peak_local], control, dist.ReduceOp.MAX)[0]
+    if not fits:
+        messages = [None] * dist.get_world_size(control)
+        dist.all_gather_object(messages, failure, group=control)
+        first = next((f"rank {r}: {m}" for r, m in enumerate(messages) if m), "")
+        return PointResult(status="oom", peak_mem_gib=peak, error=first)
+    return _summarise(timed, peak, repeats, control)
+
+
+def _run_repeats(runner: StepRunner, batch: Any, control, warmup: int, repeats: int):
+    for _ in range(warmup):
+        runner(batch)
+    LEDGER.reset()
+    rows, out = [], None
+    for _ in range(repeats):
+        dist.barrier(group=control)  # start together; the barrier is outside the timed region
+        comm_before = LEDGER.total_seconds
+        out, phases = runner(batch)
+        rows.append([sum(phases), *phases, LEDGER.total_seconds - comm_before])
+    local_sum = 0.0 if out is None else float(out.detach().double().sum())
+    return rows, local_sum, LEDGER.total_bytes / repeats
+
+
+def _summarise(timed, peak: float, repeats: int, control) -> PointResult:
+    rows, local_sum, bytes_per_step = timed
+    flat = _reduce([v for row in rows for v in row] + [bytes_per_step], control, dist.ReduceOp.MAX)
+    per_repeat = [flat[i * 5 : (i + 1) * 5] for i in range(repeats)]  # slowest rank per repeat and column
+    checksum = _reduce([local_sum], control, dist.ReduceOp.SUM)[0]
+    total, total_iqr = _median_iqr([r[0] * 1e3 for r in per_repeat])
+    forward, backward, optimizer, comm = (
+        statistics.median(r[i] * 1e3 for r in per_repeat) for i in range(1, 5)
+    )
+    return PointResult(
+        status="ok",
+        peak_mem_gib=peak,
+        walltime_ms=total,
+        walltime_iqr_ms=total_iqr,
+        forward_ms=forward,
+        backward_ms=backward,
+        optimizer_ms=optimizer,
+        comm_ms=comm,
+        comm_mib_per_step=flat[-1] / 2**20,
+        checksum=checksum,
+    )

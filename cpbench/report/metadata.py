@@ -1,0 +1,95 @@
+"""The run's metadata: what a reader needs to trust or reproduce a table."""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import os
+import platform
+import socket
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import cpbench
+from cpbench.results.store import write_atomically
+from cpbench.workloads.base import Topology
+
+RUN_JSON = "run.json"
+
+
+def project_commit() -> str:
+    """The checkout cpbench runs from, `-dirty` with uncommitted changes; `unknown` when installed."""
+    root = Path(cpbench.__file__).resolve().parent.parent
+    try:
+        head = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return head + ("-dirty" if dirty else "")
+
+
+def config_hash(resolved_yaml: str) -> str:
+    return hashlib.sha256(resolved_yaml.encode()).hexdigest()[:12]
+
+
+def _device_model(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return platform.processor() or platform.machine()
+
+
+def collect(
+    device: torch.device,
+    backend: str,
+    topology: Topology,
+    world_size: int,
+    local_world: int,
+    config_digest: str,
+) -> dict[str, Any]:
+    on_cuda = device.type == "cuda"
+    devices = torch.cuda.device_count() if on_cuda else 1
+    shared = local_world > devices
+    return {
+        "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"),
+        "host": socket.gethostname(),
+        "device": _device_model(device),
+        "device_count": devices,
+        "cpu_cores": os.cpu_count(),
+        "backend": backend,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda or "none",
+        "topology": topology.label,
+        "cp": topology.cp,
+        "grid": f"{topology.grid[0]}x{topology.grid[1]}",
+        "world_size": world_size,
+        # Locked clocks cannot be read without vendor tools; say so rather than guess.
+        "clocks_locked": "unknown" if on_cuda else "n/a (CPU)",
+        "devices_shared": f"yes ({local_world} ranks on {devices} device(s))" if shared else "no",
+        "config_hash": config_digest,
+        "commit": project_commit(),
+    }
+
+
+def write(output_dir: Path, metadata: dict[str, Any]) -> None:
+    write_atomically(output_dir / RUN_JSON, json.dumps(metadata, indent=2) + "\n")
+
+
+def read(output_dir: Path) -> dict[str, Any]:
+    path = output_dir / RUN_JSON
+    return json.loads(path.read_text()) if path.exists() else {}

@@ -1,0 +1,51 @@
+"""results.csv: one row per measured point, appended as soon as it is measured, written atomically."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+# The contract's columns first (DESIGN.md), then the extras.
+COLUMNS = [
+    "workload", "workflow", "topology", "cp", "grid", "N_tokens", "N_atoms", "MSA_depth", "dtype",
+    "status", "peak_mem_gib", "walltime_ms", "walltime_iqr_ms", "tokens_per_s", "comm_ms", "checksum",
+    "kind", "forward_ms", "backward_ms", "optimizer_ms", "comm_mib_per_step", "warmup", "repeats",
+    "seed", "config_hash", "error",
+]  # fmt: skip
+
+RESULTS_CSV = "results.csv"
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Write a sibling temporary file and rename it over `path`: readers never see half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def read_results(path: Path) -> pd.DataFrame:
+    if not path.exists():
+        return pd.DataFrame(columns=COLUMNS)
+    return pd.read_csv(path, keep_default_na=False, na_values=[""])
+
+
+def append_row(path: Path, row: Mapping[str, Any]) -> None:
+    """Append one row, keeping every earlier row and any extra column a row brings."""
+    frame = read_results(path)
+    new = pd.DataFrame([dict(row)])
+    frame = new if frame.empty else pd.concat([frame, new], ignore_index=True)
+    columns = [c for c in COLUMNS if c in frame.columns] + [c for c in frame.columns if c not in COLUMNS]
+    write_atomically(path, frame[columns].to_csv(index=False))

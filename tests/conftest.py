@@ -1,0 +1,63 @@
+"""Helpers to run cpbench through its real entry points, each bounded and cleaned up."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+TESTS = Path(__file__).resolve().parent
+FAST = ["timing.warmup=1", "timing.repeats=2", "log.progress=false"]
+
+
+def run_cmd(
+    cmd: list[str], cwd: Path, timeout: float = 180, env: dict | None = None
+) -> subprocess.CompletedProcess:
+    """Run in its own session so that on timeout the whole process tree is killed."""
+    full_env = {**os.environ, "PYTHONPATH": str(TESTS), **(env or {})}
+    full_env.pop("CPBENCH_OUTPUT_DIR", None) if "CPBENCH_OUTPUT_DIR" not in (env or {}) else None
+    proc = subprocess.Popen(
+        cmd,
+        cwd=cwd,
+        env=full_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"{' '.join(cmd)} timed out after {timeout}s\n{out}\n{err}")
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def cpbench(
+    *args: str, cwd: Path, timeout: float = 180, env: dict | None = None
+) -> subprocess.CompletedProcess:
+    return run_cmd([sys.executable, "-m", "cpbench", *args], cwd, timeout, env)
+
+
+def torchrun(nproc: int, *args: str, cwd: Path, timeout: float = 180, env: dict | None = None):
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+           "-m", "cpbench", *args]  # fmt: skip
+    return run_cmd(cmd, cwd, timeout, env)
+
+
+def results(output_dir: Path) -> pd.DataFrame:
+    return pd.read_csv(output_dir / "results.csv", keep_default_na=False, na_values=[""])
+
+
+def ok(proc: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
+    assert proc.returncode == 0, f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+    return proc
