@@ -87,7 +87,7 @@ def _all_gather(x: torch.Tensor, group, label: str) -> torch.Tensor:
     p = _size(group)
     x = x.contiguous()
     out = x.new_empty((p * x.shape[0], *x.shape[1:]))
-    _account(label, (p - 1) * _nbytes(x), lambda: dist.all_gather_into_tensor(out, x, group=group))
+    _account(label, (p - 1) * _nbytes(x), lambda: dist.all_gather_single(out, x, group=group))
     return out
 
 
@@ -96,7 +96,7 @@ def _reduce_scatter(x: torch.Tensor, group, label: str) -> torch.Tensor:
     p = _size(group)
     x = x.contiguous()
     out = x.new_empty((x.shape[0] // p, *x.shape[1:]))
-    _account(label, (p - 1) / p * _nbytes(x), lambda: dist.reduce_scatter_tensor(out, x, group=group))
+    _account(label, (p - 1) / p * _nbytes(x), lambda: dist.reduce_scatter_single(out, x, group=group))
     return out
 
 
