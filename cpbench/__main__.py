@@ -80,9 +80,9 @@ def run(cfg: DictConfig) -> int:
         run_rank(spec)
         return 0
     try:
-        launch_local(spec, topology.cp)
+        launch_local(spec, topology.cp, cfg.launch.max_restarts)
     except RankFailure as failure:
-        InFlight(output_dir).close("crashed" if failure.killed else "error", str(failure))
+        InFlight(output_dir).close("crashed" if failure.crashed else "error", str(failure))
         write_report(output_dir)
         print(f"cpbench: {failure}", file=sys.stderr)
         if failure.traceback:

@@ -15,15 +15,19 @@ from omegaconf import DictConfig, OmegaConf
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from cpbench.config.validate import topology_of
-from cpbench.measure.point import PointResult, measure_point
+from cpbench.measure.budget import apply_budget
+from cpbench.measure.fault import Fault
+from cpbench.measure.point import Budget, PointResult, measure_point
 from cpbench.measure.step import StepRunner
+from cpbench.probe.runner import max_fit_row, run_probe, search_config
+from cpbench.probe.state import ProbeState
 from cpbench.report import metadata
 from cpbench.report.markdown import write_report
 from cpbench.results.store import RESULTS_CSV, read_results
 from cpbench.runtime import logs
 from cpbench.runtime.logs import CONSOLE, LOG
 from cpbench.runtime.rank import pick_backend, rank_runtime
-from cpbench.sweep import InFlight, done_keys, point_key, sweep_points
+from cpbench.sweep import InFlight, done_keys, point_key, resolve_shape, sweep_points
 from cpbench.workloads.base import RankContext, Shape, Topology
 
 
@@ -70,6 +74,9 @@ class Bench:
         self.in_flight = InFlight(output_dir)
         self.workload = instantiate(cfg.workload)
         self.workload_name = getattr(self.workload, "name", type(self.workload).__name__)
+        self.budget = _apply_budget(cfg, ctx)
+        self.fault = Fault(cfg.fault.rank, cfg.fault.at_n, cfg.fault.where, cfg.fault.kind)
+        self.done: set[str] = set()
 
     def run(self) -> None:
         cfg, ctx = self.cfg, self.ctx
@@ -95,7 +102,8 @@ class Bench:
             self.workload, model, cfg.workflow == "training", ctx, cfg.optim.lr, cfg.optim.weight_decay
         )
         done = done_keys(read_results(self.output_dir / RESULTS_CSV), self.config_hash) if self.lead else None
-        todo = [s for s in sweep_points(cfg) if point_key("point", s) not in _broadcast(done, self.control)]
+        self.done = _broadcast(done, self.control)
+        todo = [s for s in sweep_points(cfg) if point_key("point", s) not in self.done]
         LOG.info(
             "%s %s on %s cp=%d: %d point(s) to measure -> %s",
             self.workload_name,
@@ -118,8 +126,31 @@ class Bench:
             for shape in todo:
                 self.measure(shape, runner, kind="point")
                 bar.advance(task)
+        if cfg.probe.enabled:
+            self.probe(runner)
         if self.lead:
             LOG.info("report: %s", write_report(self.output_dir))
+
+    def probe(self, runner: StepRunner) -> None:
+        """The largest N that fits (a max-fit row), then its full walltime measurement."""
+        state = ProbeState(self.output_dir, self.config_hash) if self.lead else None
+        if state is not None and (n := state.close_in_flight()) is not None:
+            LOG.warning("probe: N=%d was in flight when the job died: recorded as crashed (does not fit)", n)
+        trials = list(_broadcast(state.trials if state else None, self.control))
+        search = search_config(self.cfg, self.ctx.topology, self.budget.gib if self.budget else None)
+
+        def step_at(shape: Shape) -> PointResult:
+            return measure_point(runner, shape, self.ctx, self.control, 0, 1, self.budget, self.fault)
+
+        best, fail = run_probe(search, state, trials, self._probe_shape, step_at)
+        shape = self._probe_shape(best.n if best else fail.n)
+        if self.lead and point_key("max-fit", shape) not in self.done:
+            self.in_flight.finish({**self.row_identity(shape, "max-fit"), **max_fit_row(best, fail, shape)})
+        if best and self.cfg.probe.measure_at_max and point_key("point", shape) not in self.done:
+            self.measure(shape, runner, kind="point")
+
+    def _probe_shape(self, n_tokens: int) -> Shape:
+        return resolve_shape(self.cfg, n_tokens=n_tokens)
 
     def measure(self, shape: Shape, runner: StepRunner, kind: str) -> PointResult:
         row = self.row_identity(shape, kind)
@@ -127,7 +158,7 @@ class Bench:
             self.in_flight.start(row)
         timing = self.cfg.timing
         result = measure_point(
-            runner, shape, self.ctx, self.control, timing.warmup, timing.repeats, self.cfg.memory.budget_gib
+            runner, shape, self.ctx, self.control, timing.warmup, timing.repeats, self.budget, self.fault
         )
         if self.lead:
             self.in_flight.finish({**row, **result.as_row(), "tokens_per_s": _tokens_per_s(shape, result)})
@@ -145,6 +176,14 @@ class Bench:
             "warmup": cfg.timing.warmup, "repeats": cfg.timing.repeats, "seed": cfg.seed,
             "config_hash": self.config_hash,
         }  # fmt: skip
+
+
+def _apply_budget(cfg: DictConfig, ctx: RankContext) -> Budget | None:
+    """The per-rank cap: memory.budget_gib, or on CPU memory.cpu_budget_gib when that is null."""
+    gib = cfg.memory.budget_gib
+    if gib is None and ctx.device.type == "cpu":
+        gib = cfg.memory.cpu_budget_gib
+    return None if gib is None else Budget(gib, apply_budget(gib, ctx.device))
 
 
 def _grid(topology: Topology) -> str:

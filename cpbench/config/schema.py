@@ -52,7 +52,8 @@ class ProbeConfig:
     factor: float = 2.0
     granularity: int = 64
     max_tokens: int | None = None
-    measure_at_max: bool = True
+    measure_at_max: bool = True  # then the full walltime measurement at the largest N that fits
+    guided: bool = True  # propose N from a fit of peak memory in N where it fits well
 
 
 @dataclass
@@ -64,12 +65,30 @@ class TimingConfig:
 @dataclass
 class MemoryConfig:
     budget_gib: float | None = None  # per-rank cap; null: the device's own memory
+    # On CPU with budget_gib null: the machine's RAM is no device memory worth probing to its end.
+    cpu_budget_gib: float | None = 2.0
 
 
 @dataclass
 class DistConfig:
     backend: str | None = None  # null: nccl with CUDA devices, gloo otherwise
     timeout_s: float = 300.0  # bounds every collective: a lone failing rank cannot hang its peers longer
+
+
+@dataclass
+class LaunchConfig:
+    # Relaunches of local ranks after a crash (a killed rank, a collective timeout); the run resumes.
+    max_restarts: int = 3
+
+
+@dataclass
+class FaultConfig:
+    """Fault injection, for testing the never-hang guarantees; off unless `rank` is set."""
+
+    rank: int | None = None
+    at_n: int | None = None  # strike at N_tokens >= at_n
+    where: str = "step"  # batch: before the step's first collective; step: between two collectives
+    kind: str = "oom"  # oom: a real failing allocation; kill: SIGKILL
 
 
 @dataclass
@@ -96,6 +115,8 @@ class BenchConfig:
     timing: TimingConfig = field(default_factory=TimingConfig)
     memory: MemoryConfig = field(default_factory=MemoryConfig)
     dist: DistConfig = field(default_factory=DistConfig)
+    launch: LaunchConfig = field(default_factory=LaunchConfig)
+    fault: FaultConfig = field(default_factory=FaultConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     log: LogConfig = field(default_factory=LogConfig)
     seed: int = 0

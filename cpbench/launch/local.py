@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,10 +24,10 @@ class RankFailure(Exception):
     rank: int
     reason: str
     traceback: str
-    killed: bool  # ended by a signal rather than by raising
+    crashed: bool  # killed, or lost to a dead peer or a collective timeout, rather than raising
 
     def __str__(self) -> str:
-        return f"rank {self.rank} failed: {self.reason}"
+        return f"rank {self.rank} {'crashed' if self.crashed else 'failed'}: {self.reason}"
 
 
 # Messages of ranks that failed only because a peer had died first.
@@ -49,18 +50,36 @@ def _reported(err: ChildFailedError) -> dict[int, tuple[Any, int]]:
 def _failure(err: ChildFailedError) -> RankFailure:
     """The root cause: the first rank to fail on its own, not a peer that lost its connection to it."""
     reported = _reported(err)
-    rank = min(reported, key=lambda r: (any(c in str(reported[r][0]) for c in _CONSEQUENCES), r))
+
+    def consequence(rank: int) -> bool:
+        return any(c in str(reported[rank][0]) for c in _CONSEQUENCES)
+
+    rank = min(reported, key=lambda r: (consequence(r), r))
     message, exitcode = reported[rank]
     if isinstance(message, dict):
         stack = message.get("extraInfo", {}).get("py_callstack", "")
-        head = stack.strip().splitlines()[-4:]
-        return RankFailure(rank, message.get("message", "").strip(), "\n".join(head), killed=False)
-    return RankFailure(rank, str(message or f"exit code {exitcode}"), "", killed=exitcode < 0)
+        head = "\n".join(stack.strip().splitlines()[-4:])
+        return RankFailure(rank, message.get("message", "").strip(), head, crashed=consequence(rank))
+    return RankFailure(rank, str(message or f"exit code {exitcode}"), "", crashed=True)
 
 
 def launch_local(spec: RunSpec, nprocs: int, max_restarts: int = 0) -> None:
-    """Run `run_rank(spec)` in `nprocs` local processes; raise RankFailure when one fails (the agent
-    then ends the others). The rendezvous picks a free port on localhost."""
+    """Run `run_rank(spec)` in `nprocs` local processes. When a rank crashes (killed, or stuck
+    behind a dead peer until the collective timeout) relaunch them all, up to `max_restarts` times:
+    the run resumes from its persisted state. A rank that raises ends the job: raise RankFailure."""
+    for restart in range(max_restarts + 1):
+        try:
+            return _launch_once(spec, nprocs)
+        except RankFailure as failure:
+            if not failure.crashed or restart == max_restarts:
+                raise
+            print(
+                f"cpbench: {failure}; relaunching, the run resumes (restart {restart + 1} of {max_restarts})",
+                file=sys.stderr,
+            )
+
+
+def _launch_once(spec: RunSpec, nprocs: int) -> None:
     log_dir = Path(spec.output_dir) / "logs" / "launch"
     log_dir.mkdir(parents=True, exist_ok=True)
     config = LaunchConfig(
@@ -70,7 +89,7 @@ def launch_local(spec: RunSpec, nprocs: int, max_restarts: int = 0) -> None:
         rdzv_backend="c10d",
         rdzv_endpoint="localhost:0",
         run_id=str(uuid.uuid4()),
-        max_restarts=max_restarts,
+        max_restarts=0,
         monitor_interval=0.1,
         start_method="spawn",
         logs_specs=DefaultLogsSpecs(log_dir=str(log_dir)),

@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from cpbench.distributed.comm import LEDGER
+from cpbench.measure.fault import Fault
 from cpbench.measure.memory import read_peak_gib, release, reset_peak
 from cpbench.measure.oom import BudgetExceeded, describe, is_oom
 from cpbench.measure.step import StepRunner
@@ -68,6 +69,12 @@ def _guarded(fn: Callable[[], Any]) -> tuple[Any, str]:
         return None, describe(err)
 
 
+@dataclass(frozen=True)
+class Budget:
+    gib: float  # per rank, over the baseline
+    baseline_gib: float  # what the rank held after start-up (CPU); 0 on CUDA
+
+
 def measure_point(
     runner: StepRunner,
     shape: Shape,
@@ -75,24 +82,33 @@ def measure_point(
     control: dist.ProcessGroup,
     warmup: int,
     repeats: int,
-    budget_gib: float | None = None,
-    fault: Callable[[str], None] = lambda phase: None,
+    budget: Budget | None = None,
+    fault: Fault | None = None,
 ) -> PointResult:
-    """`fault(phase)` is the fault-injection hook, called at "batch" and inside each step."""
+    """Fits = every rank finished with no out-of-memory error and, under a budget, a peak within it."""
     release(ctx.device)
     reset_peak(ctx.device)
+    fault = fault or Fault(None, None, "step", "oom")
 
     def build() -> Any:
-        fault("batch")
+        fault.before_batch(ctx.rank, shape.n_tokens, ctx.device)
         return runner.workload.build_batch(shape, ctx)
+
+    def steps() -> Any:
+        with fault.in_step(ctx.rank, shape.n_tokens, ctx.device):
+            return _run_repeats(runner, batch, control, warmup, repeats)
 
     batch, failure = _guarded(build)
     timed = None
     if agree_fits(not failure, control):
-        timed, failure = _guarded(lambda: _run_repeats(runner, batch, control, warmup, repeats))
+        timed, failure = _guarded(steps)
     peak_local = read_peak_gib(ctx.device)
-    if not failure and budget_gib is not None and peak_local > budget_gib:
-        failure = describe(BudgetExceeded(f"peak {peak_local:.3f} GiB over memory.budget_gib={budget_gib}"))
+    if not failure and budget is not None and peak_local - budget.baseline_gib > budget.gib:
+        failure = describe(
+            BudgetExceeded(
+                f"peak {peak_local - budget.baseline_gib:.3f} GiB over the baseline exceeds {budget.gib} GiB"
+            )
+        )
     batch = None
     release(ctx.device)
     fits = agree_fits(not failure, control)
@@ -113,6 +129,7 @@ def _run_repeats(runner: StepRunner, batch: Any, control, warmup: int, repeats: 
     for _ in range(repeats):
         dist.barrier(group=control)  # start together; the barrier is outside the timed region
         comm_before = LEDGER.total_seconds
+        out = None  # the last output is freed before the next step, as in a real run
         out, phases = runner(batch)
         rows.append([sum(phases), *phases, LEDGER.total_seconds - comm_before])
     local_sum = 0.0 if out is None else float(out.detach().double().sum())

@@ -14,7 +14,7 @@ import pandas as pd
 COLUMNS = [
     "workload", "workflow", "topology", "cp", "grid", "N_tokens", "N_atoms", "MSA_depth", "dtype",
     "status", "peak_mem_gib", "walltime_ms", "walltime_iqr_ms", "tokens_per_s", "comm_ms", "checksum",
-    "kind", "forward_ms", "backward_ms", "optimizer_ms", "comm_mib_per_step", "warmup", "repeats",
+    "kind", "oom_at", "forward_ms", "backward_ms", "optimizer_ms", "comm_mib_per_step", "warmup", "repeats",
     "seed", "config_hash", "error",
 ]  # fmt: skip
 

@@ -1,0 +1,40 @@
+"""A per-rank memory cap that makes allocations really fail: a smaller GPU emulated on a big one,
+or on CPU an RLIMIT_DATA set over the rank's baseline after start-up."""
+
+from __future__ import annotations
+
+import ctypes
+import re
+import resource
+from pathlib import Path
+
+import torch
+
+from cpbench.measure.memory import read_peak_gib
+
+GIB = 2**30
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc mallopt parameters
+
+
+def _status_bytes(field: str) -> int:
+    text = Path("/proc/self/status").read_text()
+    return int(re.search(rf"^{field}:\s+(\d+) kB", text, re.MULTILINE).group(1)) * 1024
+
+
+def apply_budget(budget_gib: float, device: torch.device) -> float:
+    """Cap this rank at `budget_gib` and return the baseline the cap sits on (GiB), which the
+    fits-check subtracts from the measured peak (0 on CUDA, whose stats count only tensors)."""
+    if device.type == "cuda":
+        total = torch.cuda.get_device_properties(device).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, budget_gib * GIB / total), device)
+        return 0.0
+    # Large blocks from mmap go back to the OS when freed; glibc's dynamic threshold would otherwise
+    # move them onto the heap, whose fragments count against the cap and make a point that fits
+    # once fail when it is repeated.
+    libc = ctypes.CDLL(None)
+    libc.mallopt(_M_MMAP_THRESHOLD, 1 << 20)
+    libc.mallopt(_M_TRIM_THRESHOLD, 1 << 20)
+    limit = _status_bytes("VmData") + int(budget_gib * GIB)
+    _, hard = resource.getrlimit(resource.RLIMIT_DATA)
+    resource.setrlimit(resource.RLIMIT_DATA, (limit, hard))
+    return read_peak_gib(device)

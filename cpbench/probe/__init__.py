@@ -1,0 +1,1 @@
+"""The max-token probe: the largest N_tokens that fits, found by a ramp then bisection."""

@@ -1,0 +1,88 @@
+"""Drive the search with real steps: one step per N on every rank, all ranks agreeing on the outcome."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from typing import Any
+
+from omegaconf import DictConfig
+
+from cpbench.measure.point import PointResult
+from cpbench.probe.search import SearchConfig, Trial, bounds, next_trial
+from cpbench.probe.state import ProbeState
+from cpbench.runtime.logs import LOG
+from cpbench.workloads.base import Shape, Topology
+
+
+def search_config(cfg: DictConfig, topology: Topology, budget_gib: float | None) -> SearchConfig:
+    rows, cols = topology.grid
+    p = cfg.probe
+    return SearchConfig(
+        start=p.start,
+        factor=p.factor,
+        granularity=p.granularity,
+        multiple=math.lcm(rows, cols),
+        max_tokens=p.max_tokens,
+        budget_gib=budget_gib,
+        guided=p.guided,
+    )
+
+
+def run_probe(
+    search: SearchConfig,
+    state: ProbeState | None,
+    trials: list[Trial],
+    shape_at: Callable[[int], Shape],
+    step_at: Callable[[Shape], PointResult],
+) -> tuple[Trial | None, Trial | None]:
+    """Try N after N until the search is done; `state` (rank 0 only) persists each. Every rank
+    computes the same proposals from the same (agreed) outcomes."""
+    started, steps = time.perf_counter(), 0
+    while (proposal := next_trial(search, trials)) is not None:
+        shape = shape_at(proposal.n)
+        if state is not None:
+            state.start(proposal.n)
+        t0 = time.perf_counter()
+        result = step_at(shape)
+        trial = Trial(
+            n=proposal.n,
+            fits=result.status == "ok",
+            status=result.status,
+            peak_gib=result.peak_mem_gib,
+            seconds=time.perf_counter() - t0,
+            guided=proposal.guided,
+        )
+        trials.append(trial)
+        steps += 1
+        if state is not None:
+            state.finish(trial)
+        LOG.info(
+            "probe N=%d%s: %s, peak %.3f GiB (%.1f s)",
+            trial.n,
+            " (guided)" if trial.guided else "",
+            "fits" if trial.fits else f"does not fit ({result.error})",
+            trial.peak_gib,
+            trial.seconds,
+        )
+    best, fail = bounds(trials)
+    LOG.info(
+        "probe done: %d step(s) this run, %d in all, %.1f s; max fit %s, first failure %s",
+        steps,
+        len(trials),
+        time.perf_counter() - started,
+        best.n if best else "none",
+        fail.n if fail else "none",
+    )
+    return best, fail
+
+
+def max_fit_row(best: Trial | None, fail: Trial | None, shape: Shape) -> dict[str, Any]:
+    """The headline row: the largest N that fits, its peak, and the first N that did not."""
+    return {
+        "status": "ok" if best else "oom",
+        "peak_mem_gib": best.peak_gib if best else None,
+        "oom_at": fail.n if fail else None,
+        "error": "" if best else f"nothing fits: N={fail.n} already does not",
+    }

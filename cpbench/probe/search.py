@@ -1,0 +1,109 @@
+"""Which N to try next, as a pure function of the trials so far: a geometric ramp until a step
+does not fit, then bisection (guided by a fit of peak memory in N, where one fits well) until the
+gap between the largest fit and the smallest failure is at most the granularity.
+
+Being a function of the history alone, the search resumes from persisted trials unchanged.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Trial:
+    n: int
+    fits: bool
+    status: str  # ok | oom | crashed
+    peak_gib: float | None = None
+    seconds: float | None = None
+    guided: bool = False  # proposed by the memory model rather than by the ramp or bisection
+
+
+@dataclass(frozen=True)
+class SearchConfig:
+    start: int = 512
+    factor: float = 2.0
+    granularity: int = 64
+    multiple: int = 1  # every N tried tiles the topology's grid
+    max_tokens: int | None = None
+    budget_gib: float | None = None  # enables the guided proposal
+    guided: bool = True
+
+
+@dataclass(frozen=True)
+class Proposal:
+    n: int
+    guided: bool
+
+
+def align_down(n: float, multiple: int) -> int:
+    return int(n // multiple) * multiple
+
+
+def align_up(n: float, multiple: int) -> int:
+    return int(math.ceil(n / multiple)) * multiple
+
+
+def bounds(trials: list[Trial]) -> tuple[Trial | None, Trial | None]:
+    """The largest fit below the smallest failure, and that failure. A fit above a failure (a
+    non-monotone point) is not trusted: the answer stays below every N that failed."""
+    fails = [t for t in trials if not t.fits]
+    first_fail = min(fails, key=lambda t: t.n) if fails else None
+    fits = [t for t in trials if t.fits and (first_fail is None or t.n < first_fail.n)]
+    return (max(fits, key=lambda t: t.n) if fits else None), first_fail
+
+
+def peak_model(trials: list[Trial]) -> np.poly1d | None:
+    """Least-squares quadratic of peak memory in N over the fits, when at least three fits have
+    peaks and the model explains them within 5% (RMS, relative)."""
+    points = sorted({t.n: t.peak_gib for t in trials if t.fits and t.peak_gib}.items())
+    if len(points) < 3:
+        return None
+    n, peak = (np.array(v, dtype=float) for v in zip(*points, strict=True))
+    model = np.poly1d(np.polyfit(n, peak, deg=min(2, len(points) - 1)))
+    residual = np.sqrt(np.mean(((model(n) - peak) / peak) ** 2))
+    return model if residual < 0.05 else None
+
+
+def _crossing(model: np.poly1d, budget: float, lo: int, hi: int) -> float | None:
+    roots = (model - budget).roots
+    inside = [r.real for r in roots if abs(r.imag) < 1e-9 and lo < r.real < hi]
+    return min(inside) if inside else None
+
+
+def next_trial(cfg: SearchConfig, trials: list[Trial]) -> Proposal | None:
+    """The next N to try, or None when the search is done."""
+    m = cfg.multiple
+    cap = align_down(cfg.max_tokens, m) if cfg.max_tokens else None
+    tried = {t.n for t in trials}
+    if not trials:
+        start = max(m, align_down(cfg.start, m))
+        return Proposal(min(start, cap) if cap else start, False)
+    best, fail = bounds(trials)
+    if fail is None:  # ramp up
+        n = max(align_up(best.n * cfg.factor, m), best.n + m)
+        if cap is not None:
+            n = min(n, cap)
+        return None if n <= best.n or n in tried else Proposal(n, False)
+    if best is None:  # the start failed: search downwards
+        n = align_down(fail.n / cfg.factor, m)
+        return None if n < m or n in tried else Proposal(n, False)
+    if fail.n - best.n <= cfg.granularity:
+        return None
+    model = peak_model(trials) if cfg.guided and cfg.budget_gib else None
+    if model is not None:
+        crossing = _crossing(model, cfg.budget_gib, best.n, fail.n)
+        if crossing is not None:
+            guess = align_down(crossing, m)
+            if guess <= best.n:  # the model puts the edge right above the last fit: confirm it
+                guess = align_up(best.n + cfg.granularity, m)
+            if best.n < guess < fail.n and guess not in tried:
+                return Proposal(guess, True)
+    mid = align_down((best.n + fail.n) / 2, m)
+    if mid <= best.n:
+        mid = best.n + m
+    return None if mid >= fail.n or mid in tried else Proposal(mid, False)
