@@ -31,7 +31,7 @@ class RankFailure(Exception):
 
 
 # Messages of ranks that failed only because a peer had died first.
-_CONSEQUENCES = ("closed by peer", "reset by peer", "remote worker", "Socket Timeout", "timed out")
+_CONSEQUENCES = ("closed by peer", "reset by peer", "remote worker", "socket timeout", "timed out")
 
 
 def _reported(err: ChildFailedError) -> dict[int, tuple[Any, int]]:
@@ -52,7 +52,7 @@ def _failure(err: ChildFailedError) -> RankFailure:
     reported = _reported(err)
 
     def consequence(rank: int) -> bool:
-        return any(c in str(reported[rank][0]) for c in _CONSEQUENCES)
+        return any(c in str(reported[rank][0]).lower() for c in _CONSEQUENCES)
 
     rank = min(reported, key=lambda r: (consequence(r), r))
     message, exitcode = reported[rank]
@@ -95,7 +95,8 @@ def _launch_once(spec: RunSpec, nprocs: int) -> None:
         logs_specs=DefaultLogsSpecs(log_dir=str(log_dir)),
     )
     # The agent logs each failure at length; cpbench reports it in one message instead.
-    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
+    for name in ("torch.distributed.elastic", "torch.multiprocessing"):
+        logging.getLogger(name).setLevel(logging.CRITICAL)
     try:
         elastic_launch(config, run_rank)(spec)
     except ChildFailedError as err:

@@ -37,10 +37,13 @@ class Fault:
         if self.where != "step" or not self.armed(rank, n_tokens):
             yield
             return
-        calls_at_start = sum(LEDGER.calls.values())
+        seen: list[int] = []  # the collective count at the step's first submodule call
 
         def hook(module, args):
-            if sum(LEDGER.calls.values()) > calls_at_start:
+            calls = sum(LEDGER.calls.values())
+            if not seen:
+                seen.append(calls)
+            elif calls > seen[0]:
                 _strike(self.kind, device)
 
         handle = torch.nn.modules.module.register_module_forward_pre_hook(hook)

@@ -20,6 +20,7 @@ from cpbench.measure.fault import Fault
 from cpbench.measure.memory import read_peak_gib, release, reset_peak
 from cpbench.measure.oom import BudgetExceeded, describe, is_oom
 from cpbench.measure.step import StepRunner
+from cpbench.runtime.logs import LOG
 from cpbench.workloads.base import RankContext, Shape
 
 
@@ -111,6 +112,8 @@ def measure_point(
         )
     batch = None
     release(ctx.device)
+    if failure:
+        LOG.debug("rank %d, N=%d: %s", ctx.rank, shape.n_tokens, failure)  # into every rank's log file
     fits = agree_fits(not failure, control)
     peak = _reduce([peak_local], control, dist.ReduceOp.MAX)[0]
     if not fits:

@@ -44,7 +44,8 @@ class StepRunner:
         """Run one step; return its output and the seconds of each phase (forward, backward, optimizer)."""
         synchronize(self.device)
         start = time.perf_counter()
-        out = self.workload.run_step(self.model, batch, self.train)
+        with torch.set_grad_enabled(self.train):  # inference keeps no autograd graph, as in a real run
+            out = self.workload.run_step(self.model, batch, self.train)
         synchronize(self.device)
         forward_end = time.perf_counter()
         if not self.train:

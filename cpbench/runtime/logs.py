@@ -15,7 +15,7 @@ LOG = logging.getLogger("cpbench")
 
 def setup(rank: int, all_ranks: bool, output_dir: Path) -> None:
     LOG.handlers.clear()
-    LOG.setLevel(logging.INFO)
+    LOG.setLevel(logging.DEBUG)
     LOG.propagate = False
     if rank == 0 or all_ranks:
         # Rich on a terminal; plain lines where output goes to a file or a SLURM log.
@@ -24,6 +24,7 @@ def setup(rank: int, all_ranks: bool, output_dir: Path) -> None:
             if CONSOLE.is_terminal
             else logging.StreamHandler(sys.stderr)
         )
+        console.setLevel(logging.INFO)
         console.setFormatter(logging.Formatter(f"[rank {rank}] %(message)s" if all_ranks else "%(message)s"))
         LOG.addHandler(console)
     logs = output_dir / "logs"

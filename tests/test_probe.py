@@ -1,0 +1,124 @@
+"""The max-token probe in real multi-rank CPU runs: under a budget, with faults injected, resumed."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pandas as pd
+import pytest
+from conftest import FAST, TESTS, cpbench, ok, results
+
+# A short collective timeout: a rank left alone at the budget's edge ends the job in seconds.
+PROBE = ["sweep.n_tokens=[16]", "probe.enabled=true", "probe.start=64", "probe.granularity=64", "dist.timeout_s=10",
+         *FAST]  # fmt: skip
+
+
+def probe_trials(out) -> pd.DataFrame:
+    return pd.read_csv(out / "probe.csv")
+
+
+def max_fit(out) -> pd.Series:
+    frame = results(out)
+    rows = frame[frame["kind"] == "max-fit"]
+    assert len(rows) == 1
+    return rows.iloc[0]
+
+
+def check_consistent(out, granularity=64):
+    trials = probe_trials(out)
+    assert trials["N_tokens"].is_unique
+    row = max_fit(out)
+    fits, fails = trials[trials["fits"]], trials[~trials["fits"]]
+    assert row["status"] == "ok" and row["N_tokens"] == fits["N_tokens"].max()
+    assert row["oom_at"] == fails["N_tokens"].min() and row["oom_at"] - row["N_tokens"] <= granularity
+    assert (fits["N_tokens"] < fails["N_tokens"].min()).all()
+    return row, trials
+
+
+@pytest.mark.parametrize(
+    "topology", [["topology.cp=2"], ["topology.kind=2d", "topology.cp=4"]], ids=["1d-cp2", "2d-2x2"]
+)
+def test_probe_under_a_budget_finds_the_edge_and_measures_it(tmp_path, topology):
+    out = tmp_path / "out"
+    ok(
+        cpbench(
+            *topology, *PROBE, "memory.cpu_budget_gib=0.15", f"output_dir={out}", cwd=tmp_path, timeout=300
+        )
+    )
+    row, trials = check_consistent(out)
+    assert row["N_tokens"] >= 128 and not trials["fits"].all()
+    assert set(trials.loc[~trials["fits"], "status"]) == {"oom"}
+    assert (trials.loc[trials["fits"], "max_peak_gib"] > 0).all()
+    frame = results(out)
+    at_max = frame[(frame["kind"] == "point") & (frame["N_tokens"] == row["N_tokens"])]
+    assert len(at_max) == 1 and at_max.iloc[0]["walltime_ms"] > 0
+    assert "max-fit" in (out / "cp_benchmark.md").read_text()
+
+
+FAULT = ["topology.cp=2", *PROBE, "memory.cpu_budget_gib=1", "probe.measure_at_max=false", "fault.rank=1",
+         "fault.at_n=256"]  # fmt: skip
+
+
+def test_oom_on_one_rank_before_the_first_collective(tmp_path):
+    out = tmp_path / "out"
+    proc = ok(cpbench(*FAULT, "fault.where=batch", f"output_dir={out}", cwd=tmp_path, timeout=120))
+    row, trials = check_consistent(out)
+    assert (row["N_tokens"], row["oom_at"]) == (192, 256)
+    assert trials.set_index("N_tokens").loc[256, "status"] == "oom"
+    assert "relaunching" not in proc.stderr  # agreed in-process, no restart
+
+
+@pytest.mark.parametrize("kind", ["oom", "kill"])
+def test_failure_inside_the_step_restarts_and_resumes(tmp_path, kind):
+    """OOM between two collectives: peers wait out the process-group timeout; a killed rank: the
+    agent ends the job. Either way the ranks are relaunched and the probe resumes."""
+    out = tmp_path / "out"
+    start = time.monotonic()
+    proc = ok(
+        cpbench(
+            *FAULT, "fault.where=step", f"fault.kind={kind}", f"output_dir={out}", cwd=tmp_path, timeout=180
+        )
+    )
+    row, trials = check_consistent(out)
+    assert (row["N_tokens"], row["oom_at"]) == (192, 256)
+    assert trials.set_index("N_tokens").loc[256, "status"] == "crashed"
+    assert "relaunching, the run resumes" in proc.stderr
+    assert "N=256 was in flight when the job died" in proc.stderr
+    assert time.monotonic() - start < 150
+
+
+def test_killed_job_resumes_without_rerunning_finished_n(tmp_path):
+    out = tmp_path / "out"
+    args = [sys.executable, "-m", "cpbench", "topology.cp=2", *PROBE, "memory.cpu_budget_gib=1",
+            "probe.measure_at_max=false", f"output_dir={out}"]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(TESTS)}
+    job = subprocess.Popen(
+        args,
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if (out / "probe.csv").exists() and len(probe_trials(out)) >= 3:
+                break
+            time.sleep(0.2)
+        else:
+            pytest.fail("the probe never got going")
+    finally:
+        os.killpg(job.pid, signal.SIGKILL)  # the whole job: launcher and every rank
+        job.wait(timeout=30)
+    before = probe_trials(out)
+    proc = ok(cpbench(*args[3:], cwd=tmp_path, timeout=180))
+    row, after = check_consistent(out)
+    assert list(after["N_tokens"][: len(before)]) == list(before["N_tokens"])  # finished Ns kept, not re-run
+    ran_again = int(proc.stderr.split("step(s) this run")[0].rsplit("probe done: ", 1)[1])
+    crashed = (after["status"] == "crashed").sum()
+    assert len(after) == len(before) + crashed + ran_again

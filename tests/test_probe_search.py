@@ -1,0 +1,88 @@
+"""The search against pure functions: where it stops, what it tries, how many steps it takes."""
+
+from __future__ import annotations
+
+import pytest
+
+from cpbench.probe.search import SearchConfig, Trial, bounds, next_trial
+
+
+def run(cfg: SearchConfig, fits, peak=lambda n: None) -> list[Trial]:
+    trials: list[Trial] = []
+    while (p := next_trial(cfg, trials)) is not None:
+        assert p.n not in {t.n for t in trials}, "no N is tried twice"
+        assert p.n % cfg.multiple == 0, "every N tiles the grid"
+        ok = fits(p.n)
+        trials.append(Trial(p.n, ok, "ok" if ok else "oom", peak(p.n), guided=p.guided))
+        assert len(trials) < 60
+    return trials
+
+
+@pytest.mark.parametrize("threshold", [1, 64, 100, 511, 512, 513, 777, 1024, 3000, 9999, 40000])
+@pytest.mark.parametrize("multiple,granularity", [(1, 64), (2, 64), (4, 1), (6, 50)])
+def test_stops_within_granularity_of_the_threshold(threshold, multiple, granularity):
+    cfg = SearchConfig(start=512, factor=2, granularity=granularity, multiple=multiple)
+    trials = run(cfg, lambda n: n <= threshold)
+    best, fail = bounds(trials)
+    assert fail is not None and fail.n > threshold
+    if threshold < multiple:
+        assert best is None  # nothing fits: the search went down to the smallest N and stopped
+        assert fail.n == multiple or fail.n < 2 * multiple
+        return
+    assert best is not None and best.n <= threshold
+    # the gap closes to the granularity, or to the grid's step when that is coarser
+    assert fail.n - best.n <= max(granularity, multiple)
+
+
+def test_start_failing_searches_downwards():
+    trials = run(SearchConfig(start=512, factor=2, granularity=16), lambda n: n <= 100)
+    assert [t.n for t in trials[:4]] == [512, 256, 128, 64]
+    best, fail = bounds(trials)
+    assert best.n <= 100 < fail.n and fail.n - best.n <= 16
+
+
+def test_granularity_edge_gap_equal_to_granularity_stops():
+    cfg = SearchConfig(start=64, factor=2, granularity=64)
+    trials = run(cfg, lambda n: n <= 64)
+    assert [t.n for t in trials] == [64, 128]  # 128 - 64 == granularity: done, no bisection
+
+
+def test_max_tokens_caps_the_ramp():
+    trials = run(
+        SearchConfig(start=512, factor=2, granularity=64, max_tokens=3000, multiple=4), lambda n: True
+    )
+    assert [t.n for t in trials] == [512, 1024, 2048, 3000]
+    assert bounds(trials) == (trials[-1], None)
+
+
+def test_one_non_monotone_point_keeps_the_answer_below_every_failure():
+    # 768 fails although 896 would fit (a transient failure): the answer must stay below 768.
+    fits = lambda n: n <= 900 and n != 768  # noqa: E731
+    trials = run(SearchConfig(start=512, factor=2, granularity=32), fits)
+    best, fail = bounds(trials)
+    assert fail.n == 768 and best.n < 768 and fail.n - best.n <= 32
+    assert all(t.fits for t in trials if t.n < best.n)
+
+
+def test_guided_search_takes_fewer_steps_when_memory_follows_a_quadratic():
+    budget = 10.0
+    peak = lambda n: 0.5 + 2e-4 * n + 3e-6 * n * n  # noqa: E731
+    fits = lambda n: peak(n) <= budget  # noqa: E731
+    plain = run(SearchConfig(start=128, factor=2, granularity=8, budget_gib=budget, guided=False), fits, peak)
+    guided = run(SearchConfig(start=128, factor=2, granularity=8, budget_gib=budget), fits, peak)
+    edge = max(n for n in range(1, 4000) if fits(n))
+    for trials in (plain, guided):
+        best, fail = bounds(trials)
+        assert best.n <= edge < fail.n and fail.n - best.n <= 8
+    assert any(t.guided for t in guided)
+    assert len(guided) < len(plain)
+
+
+def test_guided_falls_back_to_bisection_when_the_model_does_not_fit():
+    budget = 10.0
+    peak = lambda n: 1.0 if n < 300 else 9.0 + (n % 7)  # noqa: E731  (no quadratic explains this)
+    trials = run(
+        SearchConfig(start=64, factor=2, granularity=16, budget_gib=budget), lambda n: peak(n) <= budget, peak
+    )
+    best, fail = bounds(trials)
+    assert fail.n - best.n <= 16
