@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
+from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from cpbench.config.validate import topology_of
@@ -48,7 +49,13 @@ def run_rank(spec: RunSpec) -> None:
         control = dist.new_group(backend="gloo", timeout=timedelta(seconds=cfg.dist.timeout_s))
         output_dir = Path(_broadcast(spec.output_dir, control))  # rank 0 decides, the others follow
         logs.setup(ctx.rank, cfg.log.all_ranks, output_dir)
-        Bench(cfg, ctx, control, output_dir).run()
+        try:
+            Bench(cfg, ctx, control, output_dir).run()
+        except Exception as err:
+            # Record the root cause before teardown: once this rank leaves, its peers fail too, and
+            # the launcher must be able to tell which rank failed first and why.
+            ErrorHandler().record_exception(err)
+            raise
 
 
 def _broadcast(value: Any, group: dist.ProcessGroup) -> Any:
@@ -140,7 +147,17 @@ class Bench:
         search = search_config(self.cfg, self.ctx.topology, self.budget.gib if self.budget else None)
 
         def step_at(shape: Shape) -> PointResult:
-            return measure_point(runner, shape, self.ctx, self.control, 0, 1, self.budget, self.fault)
+            return measure_point(
+                runner,
+                shape,
+                self.ctx,
+                self.control,
+                0,
+                1,
+                self.budget,
+                self.fault,
+                self.cfg.dist.agree_timeout_s,
+            )
 
         best, fail = run_probe(search, state, trials, self._probe_shape, step_at)
         shape = self._probe_shape(best.n if best else fail.n)
@@ -158,7 +175,15 @@ class Bench:
             self.in_flight.start(row)
         timing = self.cfg.timing
         result = measure_point(
-            runner, shape, self.ctx, self.control, timing.warmup, timing.repeats, self.budget, self.fault
+            runner,
+            shape,
+            self.ctx,
+            self.control,
+            timing.warmup,
+            timing.repeats,
+            self.budget,
+            self.fault,
+            self.cfg.dist.agree_timeout_s,
         )
         if self.lead:
             self.in_flight.finish({**row, **result.as_row(), "tokens_per_s": _tokens_per_s(shape, result)})

@@ -73,6 +73,9 @@ class MemoryConfig:
 class DistConfig:
     backend: str | None = None  # null: nccl with CUDA devices, gloo otherwise
     timeout_s: float = 300.0  # bounds every collective: a lone failing rank cannot hang its peers longer
+    # After an out-of-memory error inside a step, how long a rank waits for its peers to agree before
+    # it ends the job (they are stuck in a collective it will not join); the run restarts and resumes.
+    agree_timeout_s: float = 10.0
 
 
 @dataclass

@@ -79,6 +79,7 @@ def validate(cfg: DictConfig) -> Topology:
         raise ConfigError(f"probe.factor={p.factor}: must be > 1")
     _positive("memory.budget_gib", cfg.memory.budget_gib, allow_null=True)
     _positive("dist.timeout_s", cfg.dist.timeout_s)
+    _positive("dist.agree_timeout_s", cfg.dist.agree_timeout_s)
     if cfg.dist.backend not in (None, "gloo", "nccl"):
         raise ConfigError(f"dist.backend={cfg.dist.backend}: allowed values are null (auto), gloo, nccl")
     return topology

@@ -15,6 +15,7 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from cpbench.bench import RunSpec, run_rank
+from cpbench.measure.point import OutOfMemoryAlone
 
 
 @dataclass
@@ -52,14 +53,18 @@ def _failure(err: ChildFailedError) -> RankFailure:
     reported = _reported(err)
 
     def consequence(rank: int) -> bool:
-        return any(c in str(reported[rank][0]).lower() for c in _CONSEQUENCES)
+        message = reported[rank][0]
+        text = message.get("message", "") if isinstance(message, dict) else str(message)
+        return any(c in text.lower() for c in _CONSEQUENCES)
 
     rank = min(reported, key=lambda r: (consequence(r), r))
     message, exitcode = reported[rank]
     if isinstance(message, dict):
         stack = message.get("extraInfo", {}).get("py_callstack", "")
         head = "\n".join(stack.strip().splitlines()[-4:])
-        return RankFailure(rank, message.get("message", "").strip(), head, crashed=consequence(rank))
+        reason = message.get("message", "").strip()
+        restart = consequence(rank) or reason.startswith(OutOfMemoryAlone.__name__)
+        return RankFailure(rank, reason, head, crashed=restart)
     return RankFailure(rank, str(message or f"exit code {exitcode}"), "", crashed=True)
 
 

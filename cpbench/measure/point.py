@@ -8,6 +8,7 @@ keeps the failing frames' tensors alive.
 from __future__ import annotations
 
 import statistics
+from datetime import timedelta
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -48,9 +49,24 @@ def _reduce(values: list[float], group: dist.ProcessGroup, op: dist.ReduceOp) ->
     return t.tolist()
 
 
-def agree_fits(fits: bool, group: dist.ProcessGroup) -> bool:
-    """True only when it fit on every rank."""
-    return _reduce([1.0 if fits else 0.0], group, dist.ReduceOp.MIN)[0] == 1.0
+class OutOfMemoryAlone(RuntimeError):
+    """This rank ran out of memory inside a step and its peers did not come to agree: they wait in a
+    collective it will never join. Ending the job at once (peers then fail fast on the closed
+    connection) beats their waiting out the process-group timeout; the run restarts and resumes."""
+
+
+def agree_fits(fits: bool, group: dist.ProcessGroup, wait_s: float | None = None) -> bool:
+    """True only when it fit on every rank; waits at most `wait_s` when given."""
+    flag = torch.tensor([1.0 if fits else 0.0], dtype=torch.float64)
+    work = dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=group, async_op=True)
+    if wait_s is None:
+        work.wait()
+    else:
+        try:
+            work.wait(timeout=timedelta(seconds=wait_s))
+        except RuntimeError as err:
+            raise OutOfMemoryAlone(f"out of memory alone, peers did not agree within {wait_s:g} s") from err
+    return flag.item() == 1.0
 
 
 def _median_iqr(samples: list[float]) -> tuple[float, float]:
@@ -85,6 +101,7 @@ def measure_point(
     repeats: int,
     budget: Budget | None = None,
     fault: Fault | None = None,
+    agree_wait_s: float = 10.0,
 ) -> PointResult:
     """Fits = every rank finished with no out-of-memory error and, under a budget, a peak within it."""
     release(ctx.device)
@@ -114,7 +131,8 @@ def measure_point(
     release(ctx.device)
     if failure:
         LOG.debug("rank %d, N=%d: %s", ctx.rank, shape.n_tokens, failure)  # into every rank's log file
-    fits = agree_fits(not failure, control)
+    # After a failure inside the steps the peers may be stuck in a collective: wait for them briefly.
+    fits = agree_fits(not failure, control, agree_wait_s if failure and timed is None else None)
     peak = _reduce([peak_local], control, dist.ReduceOp.MAX)[0]
     if not fits:
         messages = [None] * dist.get_world_size(control)

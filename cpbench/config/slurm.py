@@ -1,0 +1,44 @@
+"""`slurm.*`: run one cpbench job on SLURM through submitit, its ranks sized from `topology.cp`."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+
+
+@dataclass
+class SlurmConfig:
+    enabled: bool = False  # submit this run to SLURM (one job, one task per rank) instead of running here
+    # submitit executor: "slurm", or "local" (submitit's local executor: the same job on this machine)
+    cluster: str = "slurm"
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    constraint: str | None = None
+    time_min: int = 60  # the job's time limit; on timeout or preemption it requeues and resumes
+    gpus_per_node: int = 8  # GPUs on one node; 0: CPU ranks (gloo)
+    ranks_per_node: int | None = None  # most ranks on one node; null: gpus_per_node (CPU: all on one)
+    cpus_per_task: int | None = None
+    mem_gb: float | None = None
+    max_requeues: int = 3  # requeues after a timeout (preemptions requeue without limit)
+    signal_delay_s: int = 120  # the warning signal comes this long before the time limit
+    setup: list[str] = field(default_factory=list)  # shell lines run in the job before the ranks start
+    additional_parameters: dict[str, Any] = field(default_factory=dict)  # any other #SBATCH option
+    wait: bool = True  # wait for the job and report; false: print the job id and return
+    dry_run: bool = False  # write and print the sbatch script only; submit nothing
+
+
+def register() -> None:
+    """Until `BenchConfig` carries a `slurm` field, store an extension of it under the same schema name,
+    so `slurm.*` keys are typed and checked like every other key."""
+    from cpbench.config.schema import BenchConfig
+
+    if "slurm" in {f.name for f in dataclasses.fields(BenchConfig)}:
+        return
+    extended = dataclasses.make_dataclass(
+        "BenchConfig", [("slurm", SlurmConfig, field(default_factory=SlurmConfig))], bases=(BenchConfig,)
+    )
+    ConfigStore.instance().store(name="cpbench_schema", node=extended)
