@@ -56,7 +56,7 @@ def validate(cfg: DictConfig) -> Topology:
     _positive("shape.n_atoms", cfg.shape.n_atoms, allow_null=True)
     for key in ("n_tokens", "n_atoms", "msa_depth"):
         values = list(cfg.sweep[key])
-        if not values:
+        if not values and key != "n_tokens":  # no N_tokens at all: no sweep points, the probe alone
             raise ConfigError(f"sweep.{key}=[]: give at least one value (null takes shape.*)")
         for value in values:
             if value is not None and (not isinstance(value, int) or value <= 0):
