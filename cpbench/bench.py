@@ -12,10 +12,11 @@ import torch
 import torch.distributed as dist
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
-from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
 
 from cpbench.config.validate import topology_of
+from cpbench.inputs import load_features
 from cpbench.measure.budget import apply_budget
 from cpbench.measure.fault import Fault
 from cpbench.measure.point import Budget, PointResult, measure_point
@@ -45,6 +46,7 @@ def run_rank(spec: RunSpec) -> None:
     topology = topology_of(cfg)
     dtype = getattr(torch, cfg.dtype)
     with rank_runtime(topology, cfg.dist.backend, cfg.dist.timeout_s, dtype, cfg.seed) as ctx:
+        ctx.data_path = cfg.data.path
         # Agreement and result reductions run on their own CPU group, apart from the workload's.
         control = dist.new_group(backend="gloo", timeout=timedelta(seconds=cfg.dist.timeout_s))
         output_dir = Path(_broadcast(spec.output_dir, control))  # rank 0 decides, the others follow
@@ -110,7 +112,8 @@ class Bench:
         )
         done = done_keys(read_results(self.output_dir / RESULTS_CSV), self.config_hash) if self.lead else None
         self.done = _broadcast(done, self.control)
-        todo = [s for s in sweep_points(cfg) if point_key("point", s) not in self.done]
+        points = [load_features(cfg.data.path).shape] if cfg.data.path else sweep_points(cfg)
+        todo = [s for s in points if point_key("point", s) not in self.done]
         LOG.info(
             "%s %s on %s cp=%d: %d point(s) to measure -> %s",
             self.workload_name,

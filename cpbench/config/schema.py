@@ -46,6 +46,12 @@ class SweepConfig:
 
 
 @dataclass
+class DataConfig:
+    # A feature file (.npz or torch) following docs/inputs.md; it replaces the sweep with its one shape.
+    path: str | None = None
+
+
+@dataclass
 class ProbeConfig:
     enabled: bool = False
     start: int = 512
@@ -114,6 +120,7 @@ class BenchConfig:
     topology: TopologyConfig = field(default_factory=TopologyConfig)
     shape: ShapeConfig = field(default_factory=ShapeConfig)
     sweep: SweepConfig = field(default_factory=SweepConfig)
+    data: DataConfig = field(default_factory=DataConfig)
     probe: ProbeConfig = field(default_factory=ProbeConfig)
     timing: TimingConfig = field(default_factory=TimingConfig)
     memory: MemoryConfig = field(default_factory=MemoryConfig)

@@ -82,4 +82,23 @@ def validate(cfg: DictConfig) -> Topology:
     _positive("dist.agree_timeout_s", cfg.dist.agree_timeout_s)
     if cfg.dist.backend not in (None, "gloo", "nccl"):
         raise ConfigError(f"dist.backend={cfg.dist.backend}: allowed values are null (auto), gloo, nccl")
+    if cfg.data.path is not None:
+        _check_data(cfg)
     return topology
+
+
+def _check_data(cfg: DictConfig) -> None:
+    from cpbench.inputs import FeatureError, load_features
+
+    if cfg.probe.enabled:
+        raise ConfigError(
+            "probe.enabled=true: a feature file (data.path) has one N_tokens; "
+            "set probe.enabled=false to measure it"
+        )
+    try:
+        load_features(cfg.data.path)
+    except (FeatureError, OSError) as err:
+        message = str(err)
+        raise ConfigError(
+            message if message.startswith("data.path=") else f"data.path={cfg.data.path}: {message}"
+        ) from None

@@ -2,6 +2,7 @@
 
     shard = synthesize(shape, topology, coords, seed)            # this rank's shard, made here
     shard = shard_features(load_features(path), topology, coords) # this rank's shard of a file
+    shard = fold_inputs(shape, ctx)                                # whichever the run asks for
 
 See docs/inputs.md for the contract, padding and placement.
 """
@@ -18,6 +19,15 @@ from cpbench.inputs.files import (
 )
 from cpbench.inputs.shard import FoldShard
 from cpbench.inputs.synth import synthesize
+from cpbench.workloads.base import RankContext, Shape
+
+
+def fold_inputs(shape: Shape, ctx: RankContext, atoms_per_token: int = 9) -> FoldShard:
+    """This rank's shard of the run's inputs: the user's file (`data.path`) or synthesized ones."""
+    if ctx.data_path:
+        return shard_features(load_features(ctx.data_path), ctx.topology, ctx.coords, shape.msa_depth)
+    return synthesize(shape, ctx.topology, ctx.coords, ctx.seed, atoms_per_token)
+
 
 __all__ = [
     "FEATURES",
@@ -30,6 +40,7 @@ __all__ = [
     "FoldFeatures",
     "FoldShard",
     "chains_from_seed",
+    "fold_inputs",
     "load_features",
     "padded_tokens",
     "parse_chains",

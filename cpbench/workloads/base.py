@@ -51,6 +51,7 @@ class RankContext:
     coords: tuple[int, int]
     row_peers: dist.ProcessGroup | None
     col_peers: dist.ProcessGroup | None
+    data_path: str | None = None  # a user's feature file; None: inputs are synthesized from the seed
 
     def block(self, n_tokens: int) -> tuple[slice, slice]:
         """The global [rows, cols] token ranges of this rank's pair block."""
