@@ -8,9 +8,9 @@ keeps the failing frames' tensors alive.
 from __future__ import annotations
 
 import statistics
-from datetime import timedelta
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from datetime import timedelta
 from typing import Any
 
 import torch
