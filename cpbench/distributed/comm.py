@@ -4,10 +4,15 @@ account, per op label, the bytes this rank sends and the time spent waiting on t
 Bytes sent per rank follow the ring algorithms' volumes for a group of P ranks and a tensor of
 B bytes: all_reduce 2(P-1)/P * B, all_gather (P-1) * B_in, reduce_scatter (P-1)/P * B_in,
 all_to_all (P-1)/P * B. A group of one rank (None) is a no-op and costs nothing.
+
+Point-to-point and rooted ops count what leaves this rank: send_recv the tensor it sends,
+all_to_all_v the pieces addressed to other ranks, broadcast (P-1) * B at the root and 0 elsewhere
+(a flat tree: the root feeds every peer), reduce B at every non-root and 0 at the root.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections import defaultdict
 from collections.abc import Iterator
@@ -39,6 +44,18 @@ class CommLedger:
     @property
     def total_seconds(self) -> float:
         return sum(self.seconds.values())
+
+    def table(self) -> list[dict[str, float | int | str]]:
+        """One row per op label (a backward's `.bwd` label folded into its op): calls, bytes sent and
+        seconds, forward and backward apart; the per-op communication table of a report."""
+        rows: dict[str, dict[str, float | int | str]] = {}
+        for label in sorted(set(self.bytes_sent) | set(self.seconds)):
+            op, bwd = (label[:-4], True) if label.endswith(".bwd") else (label, False)
+            row = rows.setdefault(op, {"op": op, "calls": 0, "fwd_bytes": 0, "bwd_bytes": 0, "seconds": 0.0})
+            row["calls"] += self.calls.get(label, 0)
+            row["bwd_bytes" if bwd else "fwd_bytes"] += self.bytes_sent.get(label, 0)
+            row["seconds"] += self.seconds.get(label, 0.0)
+        return list(rows.values())
 
 
 LEDGER = CommLedger()
@@ -187,3 +204,125 @@ def all_to_all(
     out = _AllToAll.apply(chunks, group, LEDGER.label)  # [p, ...]: piece from rank i at index i
     pieces = [piece.movedim(0, scatter_dim) for piece in out.unbind(0)]
     return torch.cat(pieces, dim=gather_dim)
+
+
+# --- rooted, point-to-point and uneven collectives -------------------------------------------------------
+# Their ranks are global ranks (the default group's numbering), which is what the mesh tables hold.
+
+
+def _broadcast(buf: torch.Tensor, src: int, group, label: str) -> None:
+    p = _size(group)
+    nbytes = (p - 1) * _nbytes(buf) if dist.get_rank() == src else 0
+    _account(label, nbytes, lambda: dist.broadcast(buf, src=src, group=group))
+
+
+def _reduce(buf: torch.Tensor, dst: int, group, label: str) -> None:
+    nbytes = 0 if dist.get_rank() == dst else _nbytes(buf)
+    _account(label, nbytes, lambda: dist.reduce(buf, dst=dst, group=group))
+
+
+class _Broadcast(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, src, group, label):
+        ctx.src, ctx.group, ctx.label = src, group, label
+        root = dist.get_rank() == src
+        buf = x.contiguous().clone() if root else torch.empty_like(x, memory_format=torch.contiguous_format)
+        _broadcast(buf, src, group, label)
+        return buf
+
+    @staticmethod
+    def backward(ctx, grad):
+        # Every receiver's gradient flows back to the one tensor that was sent: a sum at the root.
+        buf = grad.contiguous().clone()
+        _reduce(buf, ctx.src, ctx.group, ctx.label + ".bwd")
+        return (buf if dist.get_rank() == ctx.src else None), None, None, None
+
+
+def broadcast(x: torch.Tensor, src: int, group: dist.ProcessGroup | None) -> torch.Tensor:
+    """The root's `x` on every rank of the group; the backward sums the gradients at the root.
+
+    Non-roots pass a tensor of the same shape and dtype (its values are ignored, it gets no
+    gradient): every rank then holds an autograd node, so backward reduces run on all of them.
+    """
+    if group is None:
+        return x
+    return _Broadcast.apply(x, src, group, LEDGER.label)
+
+
+def _send_recv(x: torch.Tensor, dst: int, src: int, label: str) -> torch.Tensor:
+    x = x.contiguous()
+    out = torch.empty_like(x)
+
+    def run() -> None:
+        requests = [dist.isend(x, dst), dist.irecv(out, src)]
+        for request in requests:
+            request.wait()
+
+    _account(label, _nbytes(x), run)
+    return out
+
+
+class _SendRecv(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, dst, src, label):
+        ctx.dst, ctx.src, ctx.label = dst, src, label
+        return _send_recv(x, dst, src, label)
+
+    @staticmethod
+    def backward(ctx, grad):
+        # The ring step in reverse: the gradient goes back to where the tensor came from.
+        return _send_recv(grad, ctx.src, ctx.dst, ctx.label + ".bwd"), None, None, None
+
+
+def send_recv(x: torch.Tensor, dst: int, src: int) -> torch.Tensor:
+    """One ring step: send `x` to global rank `dst`, return the same-shaped tensor `src` sends."""
+    if dst == src == dist.get_rank():
+        return x
+    return _SendRecv.apply(x, dst, src, LEDGER.label)
+
+
+def _all_to_all_v(flat: torch.Tensor, send: list[int], recv: list[int], group, label: str) -> torch.Tensor:
+    out = flat.new_empty(sum(recv))
+    me = dist.get_rank(group)
+    nbytes = (sum(send) - send[me]) * flat.element_size()
+    _account(label, nbytes, lambda: dist.all_to_all_single(out, flat, recv, send, group=group))
+    return out
+
+
+class _AllToAllV(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, flat, send, recv, group, label):
+        ctx.send, ctx.recv, ctx.group, ctx.label = send, recv, group, label
+        return _all_to_all_v(flat.contiguous(), send, recv, group, label)
+
+    @staticmethod
+    def backward(ctx, grad):
+        # The inverse exchange: what arrived from rank i goes back to rank i.
+        back = _all_to_all_v(grad.contiguous(), ctx.recv, ctx.send, ctx.group, ctx.label + ".bwd")
+        return back, None, None, None, None
+
+
+def all_to_all_v(
+    pieces: list[torch.Tensor], recv_shapes: list[tuple[int, ...]], group: dist.ProcessGroup | None
+) -> list[torch.Tensor]:
+    """Send `pieces[i]` to group rank i (any shapes, empty allowed) and return what each rank sent
+    here, shaped by `recv_shapes[i]`."""
+    if group is None:
+        return list(pieces)
+    send = [p.numel() for p in pieces]
+    recv = [math.prod(shape) for shape in recv_shapes]
+    flat = torch.cat([p.reshape(-1) for p in pieces])
+    out = _AllToAllV.apply(flat, send, recv, group, LEDGER.label)
+    return [chunk.view(shape) for chunk, shape in zip(out.split(recv), recv_shapes, strict=True)]
+
+
+def all_reduce_max(x: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
+    """Elementwise max over the group, detached: used only as a softmax stabiliser, which shifts
+    every logit equally and so carries no gradient."""
+    out = x.detach().contiguous().clone()
+    if group is None:
+        return out
+    p = _size(group)
+    _account(LEDGER.label, 2 * (p - 1) / p * _nbytes(out),
+             lambda: dist.all_reduce(out, op=dist.ReduceOp.MAX, group=group))  # fmt: skip
+    return out

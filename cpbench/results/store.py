@@ -47,5 +47,5 @@ def append_row(path: Path, row: Mapping[str, Any]) -> None:
     frame = read_results(path)
     new = pd.DataFrame([dict(row)])
     frame = new if frame.empty else pd.concat([frame, new], ignore_index=True)
-    columns = [c for c in COLUMNS if c in frame.columns] + [c for c in frame.columns if c not in COLUMNS]
-    write_atomically(path, frame[columns].to_csv(index=False))
+    columns = COLUMNS + [c for c in frame.columns if c not in COLUMNS]  # every contract column, always
+    write_atomically(path, frame.reindex(columns=columns).to_csv(index=False))

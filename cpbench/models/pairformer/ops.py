@@ -1,0 +1,63 @@
+"""One-rank math of the Pairformer ops' cores, shared by every layout (one rank, 1d, 2d).
+
+Attention is computed as a mergeable partial (unnormalised output, sum of weights, running max)
+over a slice of the keys, so a layout that sees the keys in pieces merges partials with a running
+log-sum-exp and gets the same softmax as one rank that sees them all at once.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+MASK_BIAS = 1e9  # added (negated) to the logits of masked keys, as AlphaFold does
+
+
+class Partial(NamedTuple):
+    """Softmax attention over some keys: o = sum_k exp(s_k - m) v_k, l = sum_k exp(s_k - m)."""
+
+    o: torch.Tensor  # [..., H, Q, d] float32
+    l: torch.Tensor  # noqa: E741 - the usual name. [..., H, Q, 1]
+    m: torch.Tensor  # [..., H, Q, 1], detached: a constant shift carries no gradient
+
+
+def triangle_out(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """t_ij = sum_k a_ik * b_jk per channel (the outgoing-edge triangle product)."""
+    return torch.einsum("ikc,jkc->ijc", a, b)
+
+
+def attention_partial(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, mask_bias: torch.Tensor
+) -> Partial:
+    """q [..., Q, H, d], k and v [..., K, H, d]; bias and mask_bias broadcast to [..., H, Q, K].
+
+    Logits are scaled by 1/sqrt(d) and the softmax runs in float32 (also under bf16 autocast).
+    """
+    logits = torch.einsum("...qhd,...khd->...hqk", q * q.shape[-1] ** -0.5, k).float()
+    # In place: the logits are the largest tensor here (N^3 H / P in a triangle attention) and
+    # neither the matmul nor the additions keep them for the backward.
+    logits.add_(bias.float()).add_(mask_bias)
+    m = logits.amax(dim=-1, keepdim=True).detach()
+    p = (logits - m).exp_()
+    o = torch.einsum("...hqk,...khd->...hqd", p.to(v.dtype), v).float()
+    return Partial(o, p.sum(dim=-1, keepdim=True), m)
+
+
+def merge(x: Partial, y: Partial) -> Partial:
+    """The partial over the union of two disjoint key sets."""
+    m = torch.maximum(x.m, y.m)
+    sx, sy = torch.exp(x.m - m), torch.exp(y.m - m)
+    return Partial(x.o * sx + y.o * sy, x.l * sx + y.l * sy, m)
+
+
+def finish(p: Partial) -> torch.Tensor:
+    """The normalised attention output [..., H, Q, d]."""
+    return p.o / p.l
+
+
+def cat_partials(parts: list[Partial], dim: int) -> Partial:
+    """Partials of disjoint query slices, side by side."""
+    if len(parts) == 1:
+        return parts[0]
+    return Partial(*(torch.cat(list(xs), dim=dim) for xs in zip(*parts, strict=True)))

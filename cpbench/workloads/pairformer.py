@@ -1,0 +1,176 @@
+"""Built-in workload: the AlphaFold3 Pairformer stack with 1d or 2d context parallelism.
+
+s and z come from the synthesized fold inputs (`cpbench.inputs.synthesize`) through a small input
+embedder in the spirit of AF3's (Algorithms 1-3: residue type, profile and deletion mean per
+token; an outer sum, the relative position encoding and the bond feature per pair), computed on
+each rank for its own token rows and pair block. The token mask comes from the padding.
+Training: forward, a mean-square loss over valid outputs, and (by the driver) backward, the sum of
+replicated parameters' gradients and an AdamW step. Inference: forward; the output is z's block.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from cpbench.distributed.grid import Grid
+from cpbench.models.pairformer import PairformerConfig, PairformerStack, PairLayout
+from cpbench.models.pairformer.modules import LinearNoBias
+from cpbench.workloads.base import RankContext, Shape
+
+N_RES_TYPES = 33
+TOKEN_FEATURES = 2 * N_RES_TYPES + 1  # res_type one-hot, profile, deletion_mean
+R_MAX, S_MAX = 32, 2  # AF3's relative position and chain clips
+
+
+@dataclass
+class PairformerBatch:
+    rows: dict[str, torch.Tensor]  # token features of my row tokens [N/rows, ...]
+    cols: dict[str, torch.Tensor]  # ... and of my column tokens [N/cols, ...]
+    bonds: torch.Tensor  # [N/rows, N/cols] token_bonds block
+    mask: torch.Tensor  # [N] float token mask of every (padded) token
+    n_valid: int  # real tokens
+
+
+class InputEmbedder(nn.Module):
+    """s_i from token i's features; z_ij = outer sum of token projections + relative position
+    encoding (one-hot encodings applied as embedding lookups: a LinearNoBias of a one-hot) + bonds."""
+
+    def __init__(self, c_s: int, c_z: int):
+        super().__init__()
+        self.single = LinearNoBias(TOKEN_FEATURES, c_s)
+        self.left, self.right = LinearNoBias(TOKEN_FEATURES, c_z), LinearNoBias(TOKEN_FEATURES, c_z)
+        self.rel_residue = nn.Embedding(2 * R_MAX + 2, c_z)
+        self.rel_token = nn.Embedding(2 * R_MAX + 2, c_z)
+        self.rel_chain = nn.Embedding(2 * S_MAX + 2, c_z)
+        self.same_entity = LinearNoBias(1, c_z)
+        self.bond = LinearNoBias(1, c_z)
+
+    @staticmethod
+    def token_inputs(t: dict[str, torch.Tensor]) -> torch.Tensor:
+        res = F.one_hot(t["res_type"].long(), N_RES_TYPES).float()
+        return torch.cat([res, t["profile"].float(), t["deletion_mean"].float()[:, None]], dim=-1)
+
+    def forward(
+        self, rows: dict[str, torch.Tensor], cols: dict[str, torch.Tensor], bonds: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        fr, fc = self.token_inputs(rows), self.token_inputs(cols)
+
+        def pairwise(name: str) -> torch.Tensor:
+            return rows[name].long()[:, None] - cols[name].long()[None, :]
+
+        same_chain = pairwise("asym_id") == 0
+        same_entity = pairwise("entity_id") == 0
+        far_res, far_chain = 2 * R_MAX + 1, 2 * S_MAX + 1
+        d_res = torch.where(same_chain, (pairwise("residue_index") + R_MAX).clamp(0, 2 * R_MAX), far_res)
+        same_res = same_chain & (pairwise("residue_index") == 0)
+        d_tok = torch.where(same_res, (pairwise("token_index") + R_MAX).clamp(0, 2 * R_MAX), far_res)
+        d_chain = torch.where(same_entity, (pairwise("sym_id") + S_MAX).clamp(0, 2 * S_MAX), far_chain)
+        z = self.left(fr)[:, None] + self.right(fc)[None, :]
+        z = z + self.rel_residue(d_res) + self.rel_token(d_tok) + self.rel_chain(d_chain)
+        z = z + self.same_entity(same_entity[..., None].float()) + self.bond(bonds[..., None].float())
+        return self.single(fr), z
+
+
+class PairformerModel(nn.Module):
+    def __init__(self, cfg: PairformerConfig, layout: PairLayout):
+        super().__init__()
+        self.embed = InputEmbedder(cfg.c_s, cfg.c_z)
+        self.stack = PairformerStack(cfg)
+        self.layout = layout
+
+    def forward(self, batch: PairformerBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        s, z = self.embed(batch.rows, batch.cols, batch.bonds)
+        return self.stack(s, z, batch.mask, self.layout)
+
+
+class PairformerWorkload:
+    """Sizes default to AlphaFold3's; `dtype` null follows the run's `dtype` key (float32: fp32,
+    bfloat16: fp32 weights under bf16 autocast). Ignores MSA depth (the Pairformer has no MSA
+    track); atoms are synthesized with the inputs but unused."""
+
+    name = "pairformer"
+
+    def __init__(
+        self,
+        c_s: int = 384,
+        c_z: int = 128,
+        n_blocks: int = 48,
+        tri_mul_hidden: int = 128,
+        tri_heads: int = 4,
+        tri_head_width: int = 32,
+        single_heads: int = 16,
+        transition_factor: int = 4,
+        dtype: str | None = None,
+        chunk_size: int | None = None,
+        checkpoint: bool = False,
+        compile: str | bool = "off",
+        fullgraph: bool = False,
+        compile_backend: str = "inductor",
+    ):
+        self.knobs = dict(
+            c_s=c_s, c_z=c_z, n_blocks=n_blocks, tri_mul_hidden=tri_mul_hidden, tri_heads=tri_heads,
+            tri_head_width=tri_head_width, single_heads=single_heads, transition_factor=transition_factor,
+            chunk_size=chunk_size, checkpoint=checkpoint,
+            compile="off" if compile is False else compile,  # YAML 1.1 reads a bare `off` as false
+            fullgraph=fullgraph, compile_backend=compile_backend,
+        )  # fmt: skip
+        self.dtype = dtype
+        self.cfg = PairformerConfig(**self.knobs, dtype=dtype or "fp32")  # fails early, by knob name
+
+    def _config(self, ctx: RankContext) -> PairformerConfig:
+        if self.dtype is not None:
+            return self.cfg
+        by_run = {torch.float32: "fp32", torch.bfloat16: "bf16"}
+        if ctx.dtype not in by_run:
+            raise ValueError(
+                f"dtype={ctx.dtype}: the pairformer workload runs float32 or bfloat16 (autocast)"
+            )
+        return PairformerConfig(**self.knobs, dtype=by_run[ctx.dtype])
+
+    def build_model(self, ctx: RankContext) -> nn.Module:
+        self.cfg = self._config(ctx)
+        self.device_type = ctx.device.type
+        torch.manual_seed(ctx.seed)  # identical replicated weights on every rank
+        model = PairformerModel(self.cfg, PairLayout(Grid.from_context(ctx)))
+        return model.to(ctx.device)  # weights stay float32; bf16 is autocast
+
+    def build_batch(self, shape: Shape, ctx: RankContext) -> PairformerBatch:
+        from cpbench.inputs import synthesize
+
+        shard = synthesize(shape, ctx.topology, ctx.coords, ctx.seed).to(ctx.device)
+        n = shard.n_tokens_padded
+        # Real tokens first, padding last: the global mask needs no communication.
+        mask = (torch.arange(n, device=ctx.device) < shard.n_tokens).float()
+        return PairformerBatch(
+            rows=shard.row_tokens,
+            cols=shard.col_tokens,
+            bonds=shard.pair["token_bonds"],
+            mask=mask,
+            n_valid=shard.n_tokens,
+        )
+
+    def run_step(self, model: nn.Module, batch: PairformerBatch, train: bool) -> torch.Tensor:
+        autocast = torch.autocast(self.device_type, dtype=torch.bfloat16, enabled=self.cfg.dtype == "bf16")
+        with torch.set_grad_enabled(train), autocast:
+            s, z = model(batch)
+        if not train:
+            return z
+        return share_of_loss(s, z, batch, model.layout)
+
+
+def share_of_loss(
+    s: torch.Tensor, z: torch.Tensor, batch: PairformerBatch, layout: PairLayout
+) -> torch.Tensor:
+    """This rank's share of mean(z^2 over valid pairs) + mean(s^2 over valid tokens): z blocks
+    partition the pairs; s rows are replicated over the row group, so each replica counts 1/cols."""
+    n = batch.mask.shape[0]
+    rows, cols = layout.rows(n), layout.cols(n)
+    pair = batch.mask[rows.start : rows.stop, None] * batch.mask[None, cols.start : cols.stop]
+    token = batch.mask[rows.start : rows.stop]
+    z_part = (z.float().square().mean(-1) * pair).sum() / batch.n_valid**2
+    s_part = (s.float().square().mean(-1) * token).sum() / (batch.n_valid * layout.grid.cols)
+    return z_part + s_part

@@ -1,0 +1,108 @@
+"""The pairformer workload end to end: synthesized inputs -> embedder -> stack -> loss share, on CP
+ranks against one rank (same seed), and once through the real `python -m cpbench` entry point."""
+
+from __future__ import annotations
+
+import traceback
+
+import pytest
+import torch
+import torch.distributed as dist
+from conftest import cpbench, ok, results
+from test_pairformer_cp import rank_context, report, spawn
+
+from cpbench.distributed.comm import all_reduce_sum
+from cpbench.workloads.base import RankContext, Shape, Topology
+from cpbench.workloads.pairformer import PairformerWorkload
+
+SMALL = dict(c_s=8, c_z=8, n_blocks=1, tri_mul_hidden=8, tri_heads=2, tri_head_width=4, single_heads=2)
+SHAPE = Shape(n_tokens=11, n_atoms=0, msa_depth=2)  # padded to 12 on the grids below
+
+
+def _one_rank(ctx: RankContext) -> RankContext:
+    return RankContext(
+        0, 1, 0, ctx.device, None, Topology("1d", 1, (1, 1)), ctx.dtype, ctx.seed, (0, 0), None, None
+    )
+
+
+def _workload_rank(rank: int, world: int, tmp: str, kind: str, grid: tuple[int, int]) -> None:
+    failures: list[str] = []
+
+    def check(what, actual, expected):
+        try:
+            torch.testing.assert_close(actual, expected)
+        except AssertionError as err:
+            failures.append(f"rank {rank}: {what}: {err}")
+
+    try:
+        ctx = rank_context(rank, world, tmp, kind, grid)
+        runs = []
+        for c in (_one_rank(ctx), ctx):
+            workload = PairformerWorkload(**SMALL)
+            model = workload.build_model(c)
+            batch = workload.build_batch(SHAPE, c)
+            params = list(model.parameters())
+            loss = workload.run_step(model, batch, train=True)
+            grads = torch.autograd.grad(loss, params, allow_unused=True)
+            z = workload.run_step(model, batch, train=False)
+            grads = [torch.zeros_like(p) if g is None else g for p, g in zip(params, grads, strict=True)]
+            runs.append((loss.detach(), grads, z))
+        (loss1, grads1, z1), (share, grads, z) = runs
+        world_group = dist.group.WORLD
+        check("loss", all_reduce_sum(share, world_group), loss1)
+        for i, (g, g1) in enumerate(zip(grads, grads1, strict=True)):
+            check(f"grad of parameter {i}", all_reduce_sum(g, world_group), g1)
+        rows, cols = ctx.block(12)
+        valid_r = range(rows.start, min(rows.stop, SHAPE.n_tokens))
+        valid_c = range(cols.start, min(cols.stop, SHAPE.n_tokens))
+        check(
+            "z",
+            z[: len(valid_r), : len(valid_c)],
+            z1[valid_r.start : valid_r.stop, valid_c.start : valid_c.stop],
+        )
+        assert z.shape[:2] == (12 // grid[0], 12 // grid[1]), z.shape
+    except Exception:
+        failures.append(f"rank {rank}: {traceback.format_exc()}")
+    finally:
+        report(tmp, rank, failures)
+
+
+@pytest.mark.parametrize(("kind", "grid"), [("1d", (2, 1)), ("2d", (2, 2))], ids=["1d-2", "2d-2x2"])
+def test_workload_cp_equals_one_rank(kind: str, grid: tuple[int, int]) -> None:
+    reports = spawn(_workload_rank, grid[0] * grid[1], kind, grid)
+    failures = [line for r in reports for line in r]
+    assert not failures, "\n".join(failures)
+
+
+def test_bf16_follows_the_run_dtype() -> None:
+    one = Topology("1d", 1, (1, 1))
+    ctx = RankContext(0, 1, 0, torch.device("cpu"), None, one, torch.bfloat16, 0, (0, 0), None, None)
+    workload = PairformerWorkload(**SMALL)
+    model = workload.build_model(ctx)
+    assert workload.cfg.dtype == "bf16"
+    assert all(p.dtype == torch.float32 for p in model.parameters())  # autocast, not bf16 weights
+    loss = workload.run_step(model, workload.build_batch(SHAPE, ctx), train=True)
+    loss.backward()
+    assert torch.isfinite(loss)
+    fp16 = RankContext(**{**ctx.__dict__, "dtype": torch.float16})
+    with pytest.raises(ValueError, match="float32 or bfloat16"):
+        PairformerWorkload(**SMALL).build_model(fp16)
+
+
+def test_bad_knob_fails_when_the_workload_is_built() -> None:
+    with pytest.raises(ValueError, match="compile='fastest': allowed values are off, default, max-autotune"):
+        PairformerWorkload(**SMALL, compile="fastest")
+    assert PairformerWorkload(**SMALL, compile=False).cfg.compile == "off"  # YAML's bare `off`
+
+
+def test_cli_training_2d(tmp_path) -> None:
+    """The Hydra config group entry through the real driver: 2x2 grid, training, padded N."""
+    out = tmp_path / "out"
+    overrides = ["workload=pairformer_small", "workload.n_blocks=1", "workflow=training", "topology.kind=2d",
+                 "topology.cp=4", "sweep.n_tokens=[14]", "timing.warmup=1", "timing.repeats=1",
+                 "log.progress=false", "probe.enabled=false", f"output_dir={out}"]  # fmt: skip
+    ok(cpbench(*overrides, cwd=tmp_path, timeout=300))
+    frame = results(out)
+    point = frame[(frame["kind"] == "point") & (frame["N_tokens"] == 14)]
+    assert list(point["status"]) == ["ok"], frame.to_dict("records")
+    assert point["comm_ms"].iloc[0] > 0
