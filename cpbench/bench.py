@@ -25,7 +25,7 @@ from cpbench.probe.runner import max_fit_row, run_probe, search_config
 from cpbench.probe.state import ProbeState
 from cpbench.report import metadata
 from cpbench.report.markdown import write_report
-from cpbench.results.store import RESULTS_CSV, read_results
+from cpbench.results.store import COMM_OPS_CSV, RESULTS_CSV, append_rows, read_results
 from cpbench.runtime import logs
 from cpbench.runtime.logs import CONSOLE, LOG
 from cpbench.runtime.rank import pick_backend, rank_runtime
@@ -147,7 +147,9 @@ class Bench:
         if state is not None and (n := state.close_in_flight()) is not None:
             LOG.warning("probe: N=%d was in flight when the job died: recorded as crashed (does not fit)", n)
         trials = list(_broadcast(state.trials if state else None, self.control))
-        search = search_config(self.cfg, self.ctx.topology, self.budget.gib if self.budget else None)
+        # Peaks are absolute (the CPU baseline included): the model's limit is the cap itself.
+        limit = _broadcast(self.budget.gib + self.budget.baseline_gib, self.control) if self.budget else None
+        search = search_config(self.cfg, self.ctx.topology, limit)
 
         def step_at(shape: Shape) -> PointResult:
             return measure_point(
@@ -189,6 +191,8 @@ class Bench:
             self.cfg.dist.agree_timeout_s,
         )
         if self.lead:
+            if result.comm_ops:
+                append_rows(self.output_dir / COMM_OPS_CSV, [{**row, **op} for op in result.comm_ops], [])
             self.in_flight.finish({**row, **result.as_row(), "tokens_per_s": _tokens_per_s(shape, result)})
             LOG.info(
                 "N=%d atoms=%d S=%d: %s", shape.n_tokens, shape.n_atoms, shape.msa_depth, _summary(result)

@@ -12,7 +12,8 @@ import pandas as pd
 import pytest
 
 TESTS = Path(__file__).resolve().parent
-FAST = ["timing.warmup=1", "timing.repeats=2", "log.progress=false"]
+TIMING = ["timing.warmup=1", "timing.repeats=2", "log.progress=false"]
+FAST = [*TIMING, "probe.enabled=false"]  # walltime points only: tests of the probe turn it on
 
 
 def run_cmd(

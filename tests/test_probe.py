@@ -10,9 +10,9 @@ import time
 
 import pandas as pd
 import pytest
-from conftest import FAST, TESTS, cpbench, ok, results
+from conftest import TESTS, TIMING, cpbench, ok, results
 
-PROBE = ["sweep.n_tokens=[16]", "probe.enabled=true", "probe.start=64", "probe.granularity=64", *FAST]
+PROBE = ["sweep.n_tokens=[16]", "probe.enabled=true", "probe.start=64", "probe.granularity=64", *TIMING]
 
 
 def probe_trials(out) -> pd.DataFrame:

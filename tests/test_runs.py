@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pandas as pd
 import pytest
 from conftest import FAST, cpbench, ok, results, torchrun
 
@@ -28,8 +29,11 @@ def test_python_m_cpbench_runs_every_topology(tmp_path, topology):
     assert (frame["walltime_ms"] > 0).all() and (frame["peak_mem_gib"] > 0).all()
     cp = int(topology[-1].split("=")[1]) if "grid" not in topology[-1] else 2
     assert set(frame["cp"]) == {cp}
-    if cp > 1:  # the workload really communicates
+    if cp > 1:  # the workload really communicates, and the per-op table says through which op
         assert (frame["comm_ms"] > 0).all() and (frame["comm_mib_per_step"] > 0).all()
+        ops = pd.read_csv(out / "comm_ops.csv")
+        assert set(ops["N_tokens"]) == {16, 32} and "axial_mix.col_mean" in set(ops["op"])
+        assert (ops.loc[ops["op"] == "axial_mix.col_mean", "fwd_bytes"] > 0).all()
 
 
 @pytest.mark.parametrize(

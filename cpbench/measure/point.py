@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import timedelta
 from typing import Any
 
@@ -38,9 +38,13 @@ class PointResult:
     comm_mib_per_step: float | None = None  # max over ranks of bytes sent per step
     checksum: float | None = None  # float64 sum of the step output over all ranks
     error: str = ""
+    # Per op label: calls, bytes sent (forward, backward) and seconds per step, max over ranks.
+    comm_ops: list[dict[str, Any]] = field(default_factory=list)
 
     def as_row(self) -> dict[str, Any]:
-        return asdict(self)
+        row = asdict(self)
+        del row["comm_ops"]
+        return row
 
 
 def _reduce(values: list[float], group: dist.ProcessGroup, op: dist.ReduceOp) -> list[float]:
@@ -154,11 +158,11 @@ def _run_repeats(runner: StepRunner, batch: Any, control, warmup: int, repeats: 
         out, phases = runner(batch)
         rows.append([sum(phases), *phases, LEDGER.total_seconds - comm_before])
     local_sum = 0.0 if out is None else float(out.detach().double().sum())
-    return rows, local_sum, LEDGER.total_bytes / repeats
+    return rows, local_sum, LEDGER.total_bytes / repeats, LEDGER.table()
 
 
 def _summarise(timed, peak: float, repeats: int, control) -> PointResult:
-    rows, local_sum, bytes_per_step = timed
+    rows, local_sum, bytes_per_step, ops = timed
     flat = _reduce([v for row in rows for v in row] + [bytes_per_step], control, dist.ReduceOp.MAX)
     per_repeat = [flat[i * 5 : (i + 1) * 5] for i in range(repeats)]  # slowest rank per repeat and column
     checksum = _reduce([local_sum], control, dist.ReduceOp.SUM)[0]
@@ -177,4 +181,18 @@ def _summarise(timed, peak: float, repeats: int, control) -> PointResult:
         comm_ms=comm,
         comm_mib_per_step=flat[-1] / 2**20,
         checksum=checksum,
+        comm_ops=_slowest_ops(ops, repeats, control),
     )
+
+
+def _slowest_ops(ops: list[dict[str, Any]], repeats: int, control) -> list[dict[str, Any]]:
+    """Each op's per-step figures, the largest over ranks (ranks of a 2d grid send unequal amounts)."""
+    gathered: list[Any] = [None] * dist.get_world_size(control)
+    dist.all_gather_object(gathered, ops, group=control)
+    merged: dict[str, dict[str, Any]] = {}
+    for rank_ops in gathered:
+        for op in rank_ops:
+            row = merged.setdefault(op["op"], {"op": op["op"]})
+            for key in ("calls", "fwd_bytes", "bwd_bytes", "seconds"):
+                row[key] = max(row.get(key, 0), op[key] / repeats)
+    return sorted(merged.values(), key=lambda r: -r["seconds"])

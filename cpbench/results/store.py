@@ -19,6 +19,7 @@ COLUMNS = [
 ]  # fmt: skip
 
 RESULTS_CSV = "results.csv"
+COMM_OPS_CSV = "comm_ops.csv"  # per measured point and op label: calls, bytes and seconds per step
 
 
 def write_atomically(path: Path, text: str) -> None:
@@ -36,16 +37,21 @@ def write_atomically(path: Path, text: str) -> None:
         raise
 
 
-def read_results(path: Path) -> pd.DataFrame:
+def read_results(path: Path, columns: list[str] = COLUMNS) -> pd.DataFrame:
     if not path.exists():
-        return pd.DataFrame(columns=COLUMNS)
+        return pd.DataFrame(columns=columns)
     return pd.read_csv(path, keep_default_na=False, na_values=[""])
 
 
 def append_row(path: Path, row: Mapping[str, Any]) -> None:
     """Append one row, keeping every earlier row and any extra column a row brings."""
-    frame = read_results(path)
-    new = pd.DataFrame([dict(row)])
+    append_rows(path, [row])
+
+
+def append_rows(path: Path, rows: list[Mapping[str, Any]], contract: list[str] = COLUMNS) -> None:
+    """Append rows to a CSV whose first columns are `contract` (every one, always)."""
+    frame = read_results(path, contract)
+    new = pd.DataFrame([dict(row) for row in rows])
     frame = new if frame.empty else pd.concat([frame, new], ignore_index=True)
-    columns = COLUMNS + [c for c in frame.columns if c not in COLUMNS]  # every contract column, always
+    columns = contract + [c for c in frame.columns if c not in contract]
     write_atomically(path, frame.reindex(columns=columns).to_csv(index=False))

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from cpbench.distributed.grid import Grid
+from cpbench.inputs import fold_inputs
 from cpbench.models.pairformer import PairformerConfig, PairformerStack, PairLayout
 from cpbench.models.pairformer.modules import LinearNoBias
 from cpbench.workloads.base import RankContext, Shape
@@ -139,9 +140,7 @@ class PairformerWorkload:
         return model.to(ctx.device)  # weights stay float32; bf16 is autocast
 
     def build_batch(self, shape: Shape, ctx: RankContext) -> PairformerBatch:
-        from cpbench.inputs import synthesize
-
-        shard = synthesize(shape, ctx.topology, ctx.coords, ctx.seed).to(ctx.device)
+        shard = fold_inputs(shape, ctx).to(ctx.device)
         n = shard.n_tokens_padded
         # Real tokens first, padding last: the global mask needs no communication.
         mask = (torch.arange(n, device=ctx.device) < shard.n_tokens).float()
