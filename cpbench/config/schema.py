@@ -9,6 +9,8 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
+from cpbench.config.slurm import SlurmConfig
+
 
 class Workflow(Enum):
     inference = "inference"
@@ -127,6 +129,7 @@ class BenchConfig:
     dist: DistConfig = field(default_factory=DistConfig)
     launch: LaunchConfig = field(default_factory=LaunchConfig)
     fault: FaultConfig = field(default_factory=FaultConfig)
+    slurm: SlurmConfig = field(default_factory=SlurmConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     log: LogConfig = field(default_factory=LogConfig)
     seed: int = 0

@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
-
-from hydra.core.config_store import ConfigStore
 
 
 @dataclass
@@ -29,16 +26,3 @@ class SlurmConfig:
     additional_parameters: dict[str, Any] = field(default_factory=dict)  # any other #SBATCH option
     wait: bool = True  # wait for the job and report; false: print the job id and return
     dry_run: bool = False  # write and print the sbatch script only; submit nothing
-
-
-def register() -> None:
-    """Until `BenchConfig` carries a `slurm` field, store an extension of it under the same schema name,
-    so `slurm.*` keys are typed and checked like every other key."""
-    from cpbench.config.schema import BenchConfig
-
-    if "slurm" in {f.name for f in dataclasses.fields(BenchConfig)}:
-        return
-    extended = dataclasses.make_dataclass(
-        "BenchConfig", [("slurm", SlurmConfig, field(default_factory=SlurmConfig))], bases=(BenchConfig,)
-    )
-    ConfigStore.instance().store(name="cpbench_schema", node=extended)

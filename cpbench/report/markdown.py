@@ -1,7 +1,11 @@
-"""cp_benchmark.md: the table a person reads, with the run's metadata and a readout."""
+"""cp_benchmark.md: the table a person reads, with the run's metadata and a readout computed from the
+rows. One run's report (written by the driver) and a sweep's merged report share the analysis here;
+rows that measure different things (workload, workflow, dtype) are never put side by side."""
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +15,11 @@ from cpbench.report import metadata
 from cpbench.results.store import RESULTS_CSV, read_results, write_atomically
 
 REPORT_MD = "cp_benchmark.md"
+
+# Rows differing in any of these are different experiments: each gets its own tables, plots, readout.
+LIKE_FOR_LIKE = ["workload", "workflow", "dtype"]
+# Above this share of walltime in collectives, a run is communication-bound.
+BOUND_SHARE = 0.5
 
 _TABLE = {
     "kind": "kind", "workload": "workload", "workflow": "workflow", "topology": "topology", "cp": "cp",
@@ -38,64 +47,330 @@ def _fmt(value: Any, digits: int = 6) -> str:
     return str(value)
 
 
+def _cell(value: Any) -> str:
+    """A table cell: no pipes or line breaks from error messages."""
+    return _fmt(value).replace("|", "\\|").replace("\n", " ")
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return lines + ["| " + " | ".join(_cell(v) for v in row) + " |" for row in rows]
+
+
+def like_for_like(frame: pd.DataFrame) -> list[tuple[tuple[Any, ...], pd.DataFrame]]:
+    """The groups of rows that may be compared, each keyed by (workload, workflow, dtype)."""
+    if frame.empty:
+        return []
+    keys = [c for c in LIKE_FOR_LIKE if c in frame.columns]
+    return [(key, group) for key, group in frame.groupby(keys, sort=False, dropna=False)]
+
+
+def group_label(key: tuple[Any, ...]) -> str:
+    return ", ".join(str(k) for k in key)
+
+
+def ok_points(frame: pd.DataFrame) -> pd.DataFrame:
+    """Walltime points that finished: the only rows whose times may be compared."""
+    points = frame[(frame["kind"] == "point") & (frame["status"] == "ok")]
+    return points[points["walltime_ms"].notna() & (points["walltime_ms"] > 0)]
+
+
+def max_fit(frame: pd.DataFrame) -> pd.DataFrame:
+    """Largest N_tokens that fits per (topology, cp), against cp=1 and against the ideal for memory
+    growing as N^2 (N growing as sqrt(cp)). The cp=1 baseline is the same whatever the topology."""
+    columns = ["topology", "cp", "grid", "max_n", "vs_cp1", "ideal", "note"]
+    fits = frame[(frame["kind"] == "max-fit") & (frame["status"] == "ok")]
+    if fits.empty:
+        return pd.DataFrame(columns=columns)
+    best = fits.loc[fits.groupby(["topology", "cp"], sort=True)["N_tokens"].idxmax()]
+    base = best.loc[best["cp"] == 1, "N_tokens"].max()
+    return pd.DataFrame(
+        {
+            "topology": best["topology"].to_numpy(),
+            "cp": best["cp"].astype(int).to_numpy(),
+            "grid": best["grid"].to_numpy() if "grid" in best else None,
+            "max_n": best["N_tokens"].astype(int).to_numpy(),
+            "vs_cp1": (best["N_tokens"] / base).to_numpy() if pd.notna(base) else math.nan,
+            "ideal": [math.sqrt(cp) for cp in best["cp"]],
+            "note": [_fit_note(r) for r in best.itertuples()],
+        }
+    ).sort_values(["cp", "topology"], ignore_index=True)
+
+
+def _fit_note(row: Any) -> str:
+    """Where the probe stopped: the first N that did not fit (`oom_at`), else any note it left."""
+    oom_at = getattr(row, "oom_at", None)
+    if oom_at is not None and pd.notna(oom_at):
+        return f"N={int(oom_at)} does not fit"
+    error = getattr(row, "error", None)
+    return "" if error is None or pd.isna(error) else str(error)
+
+
+def comm_share(frame: pd.DataFrame) -> pd.DataFrame:
+    """Median share of walltime spent in collectives per (topology, cp), over the measured points."""
+    ok = ok_points(frame).assign(
+        share=lambda f: f["comm_ms"].fillna(0).astype(float) / f["walltime_ms"].astype(float)
+    )
+    if ok.empty:
+        return pd.DataFrame(columns=["topology", "cp", "share", "points"])
+    grouped = ok.groupby(["topology", "cp"], sort=True)["share"]
+    return pd.DataFrame({"share": grouped.median(), "points": grouped.size()}).reset_index()
+
+
+def walltime_table(frame: pd.DataFrame) -> pd.DataFrame:
+    """Walltime (ms, median over repeats of the slowest rank) of each input size, one column per
+    (topology, cp, grid); several rows of one cell (reruns) give their median."""
+    ok = ok_points(frame)
+    if ok.empty:
+        return pd.DataFrame()
+    table = ok.pivot_table(
+        index=["N_tokens", "N_atoms", "MSA_depth"],
+        columns=["topology", "cp", "grid"],
+        values="walltime_ms",
+        aggfunc="median",
+    )
+    return table.sort_index(axis=1, level=[1, 0])
+
+
+def _series_label(topology: str, cp: int, grid: str, grids: bool) -> str:
+    return f"{topology} cp={cp}" + (f" ({grid})" if grids else "")
+
+
+def _max_n_sentences(frame: pd.DataFrame) -> list[str]:
+    fits = max_fit(frame)
+    if fits.empty:
+        return ["Max N_tokens was not probed here (no max-fit rows; probe.enabled=true measures it)."]
+    several = fits["topology"].nunique() > 1
+    parts = []
+    for r in fits.itertuples():
+        where = f"cp={r.cp}" + (f" {r.topology}" if several and r.cp > 1 else "")
+        if r.cp == 1 or pd.isna(r.vs_cp1):
+            parts.append(f"{r.max_n} at {where}")
+        else:
+            parts.append(f"{r.max_n} at {where} ({r.vs_cp1:.2f}x cp=1; ideal sqrt(cp) = {r.ideal:.2f}x)")
+    sentences = ["Largest N_tokens that fits: " + "; ".join(parts) + "."]
+    if fits["vs_cp1"].isna().all():
+        sentences.append("No cp=1 baseline was run, so the gain from CP is not known.")
+    else:
+        top = fits[fits["cp"] == fits["cp"].max()].sort_values("vs_cp1").iloc[-1]
+        if top.cp > 1:
+            sentences.append(
+                f"At cp={top.cp} that is {top.vs_cp1 / top.ideal:.0%} of the ideal growth for memory "
+                "growing as N^2."
+            )
+    return sentences
+
+
+def _comm_sentences(frame: pd.DataFrame) -> list[str]:
+    shares = comm_share(frame)
+    if shares.empty:
+        return []
+    top = shares[shares["cp"] == shares["cp"].max()]["share"].max()
+    bound = "communication" if top > BOUND_SHARE else "compute"
+    if len(shares) == 1:
+        r = shares.iloc[0]
+        return [
+            f"Time in collectives is {r.share:.0%} of walltime (median over {r.points} point(s)): "
+            f"the run is {bound}-bound."
+        ]
+    several = shares["topology"].nunique() > 1
+    parts = [
+        f"{r.share:.0%} at cp={r.cp}" + (f" {r.topology}" if several else "") for r in shares.itertuples()
+    ]
+    return [
+        "Time in collectives as a share of walltime (median over points): " + ", ".join(parts) + "; "
+        f"at cp={shares['cp'].max()} the run is {bound}-bound."
+    ]
+
+
+def _speed_sentences(frame: pd.DataFrame) -> list[str]:
+    """Walltime at the largest input measured at both the smallest and the largest CP size."""
+    ok = ok_points(frame)
+    if ok["cp"].nunique() < 2:
+        return []
+    lo, hi = ok["cp"].min(), ok["cp"].max()
+    size = ["N_tokens", "N_atoms", "MSA_depth"]
+    common = ok[ok["cp"] == lo][size].merge(ok[ok["cp"] == hi][size]).drop_duplicates()
+    if common.empty:
+        return []
+    n, atoms, msa = common.sort_values(size).iloc[-1]
+    at = ok[(ok["N_tokens"] == n) & (ok["N_atoms"] == atoms) & (ok["MSA_depth"] == msa)]
+    t_lo = at[at["cp"] == lo]["walltime_ms"].median()
+    t_hi = at[at["cp"] == hi]["walltime_ms"].median()
+    ratio = t_lo / t_hi
+    how = f"{ratio:.2f}x faster" if ratio >= 1 else f"{1 / ratio:.2f}x slower"
+    return [f"At N_tokens={n}, walltime is {t_lo:.3g} ms at cp={lo} and {t_hi:.3g} ms at cp={hi} ({how})."]
+
+
+def _failure_sentences(frame: pd.DataFrame) -> list[str]:
+    failed = frame[frame["status"] != "ok"]
+    if failed.empty:
+        return []
+    several = frame["cp"].nunique() > 1
+    return [
+        f"{len(failed)} point(s) did not finish: "
+        + "; ".join(
+            f"N={r.N_tokens}" + (f" cp={r.cp}" if several else "") + f" {r.status}"
+            for r in failed.itertuples()
+        )
+        + "."
+    ]
+
+
 def readout(frame: pd.DataFrame) -> str:
-    """Max N at each CP size against cp=1, and whether compute or communication dominates."""
+    """Max N at each CP size against cp=1, the walltime gained, and whether compute or communication
+    dominates; one paragraph per like-for-like group."""
     if frame.empty:
         return "No point was measured."
-    sentences = []
-    fits = frame[(frame["kind"] == "max-fit") & (frame["status"] == "ok")]
-    if not fits.empty:
-        best = fits.groupby("cp")["N_tokens"].max()
-        base = best.get(1)
-        for cp, n in best.items():
-            if cp == 1:
-                sentences.append(f"At cp=1 the largest N_tokens that fits is {n}.")
-            elif base:
-                sentences.append(
-                    f"At cp={cp} the largest N_tokens that fits is {n}, {n / base:.2f}x the cp=1 "
-                    f"baseline of {base} (ideal for N^2 memory: {cp**0.5:.2f}x)."
-                )
-            else:
-                sentences.append(
-                    f"At cp={cp} the largest N_tokens that fits is {n}; no cp=1 baseline was run."
-                )
-    ok = frame[(frame["status"] == "ok") & frame["walltime_ms"].notna() & (frame["walltime_ms"] > 0)]
-    if not ok.empty:
-        share = float((ok["comm_ms"].fillna(0) / ok["walltime_ms"]).median())
-        bound = "communication" if share > 0.5 else "compute"
-        sentences.append(
-            f"Time in collectives is {share:.0%} of walltime (median over points): the run is {bound}-bound."
+    groups = like_for_like(frame)
+    paragraphs = []
+    for key, group in groups:
+        sentences = (
+            _max_n_sentences(group)
+            + _comm_sentences(group)
+            + _speed_sentences(group)
+            + _failure_sentences(group)
         )
-    failed = frame[frame["status"] != "ok"]
-    if not failed.empty:
-        sentences.append(
-            f"{len(failed)} point(s) did not finish: "
-            + "; ".join(f"N={r.N_tokens} {r.status}" for r in failed.itertuples())
-            + "."
-        )
-    return " ".join(sentences)
+        text = " ".join(sentences)
+        paragraphs.append(f"**{group_label(key)}**: {text}" if len(groups) > 1 else text)
+    return "\n\n".join(paragraphs)
+
+
+def _rows_table(frame: pd.DataFrame, extra: Sequence[str] = ()) -> list[str]:
+    cols = [c for c in extra if c in frame.columns] + [c for c in _TABLE if c in frame.columns]
+    lines = ["| " + " | ".join(_TABLE.get(c, c) for c in cols) + " |", "|" + "---|" * len(cols)]
+    for row in frame[cols].itertuples(index=False):
+        # Checksums keep enough digits to tell two runs apart.
+        cells = (_fmt(v, 12 if c == "checksum" else 6) for c, v in zip(cols, row, strict=True))
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def _errors(frame: pd.DataFrame, with_run: bool = False) -> list[str]:
+    if "error" not in frame.columns:
+        return []
+    errors = frame[frame["error"].notna() & (frame["error"].astype(str) != "")]
+    if errors.empty:
+        return []
+    where = (lambda r: f"{r.run} cp={r.cp} ") if with_run and "run" in frame.columns else (lambda r: "")
+    return ["", "Errors:", ""] + [
+        f"- {where(r)}N={r.N_tokens} ({r.status}): {r.error}" for r in errors.itertuples()
+    ]
 
 
 def render(frame: pd.DataFrame, meta: dict[str, Any], title: str = "cpbench results") -> str:
+    """One run's report."""
     lines = [f"# {title}", "", "## Run", "", "| | |", "|---|---|"]
     lines += [f"| {label} | {_fmt(meta.get(key, ''))} |" for key, label in _META if key in meta]
     lines += ["", "## Results", ""]
     if frame.empty:
         lines.append("No rows.")
     else:
-        cols = [c for c in _TABLE if c in frame.columns]
-        lines.append("| " + " | ".join(_TABLE[c] for c in cols) + " |")
-        lines.append("|" + "---|" * len(cols))
-        for row in frame[cols].itertuples(index=False):
-            # Checksums keep enough digits to tell two runs apart.
-            cells = (_fmt(v, 12 if c == "checksum" else 6) for c, v in zip(cols, row, strict=True))
-            lines.append("| " + " | ".join(cells) + " |")
-        errors = frame[frame["error"].fillna("") != ""] if "error" in frame.columns else frame.iloc[0:0]
-        if not errors.empty:
-            lines += ["", "Errors:", ""]
-            lines += [f"- N={r.N_tokens} ({r.status}): {r.error}" for r in errors.itertuples()]
+        lines += _rows_table(frame)
+        lines += _errors(frame)
     lines += ["", "## Readout", "", readout(frame), ""]
     return "\n".join(lines)
+
+
+def hardware(metas: Sequence[dict[str, Any]]) -> str:
+    """What the numbers were measured on, e.g. `CPU (x86_64, 2 cores), gloo`."""
+    seen = []
+    for m in metas:
+        if not m:
+            continue
+        if m.get("backend") == "gloo" and m.get("cuda", "none") == "none":
+            label = f"CPU ({m.get('device', '?')}, {m.get('cpu_cores', '?')} cores), gloo"
+        else:
+            label = f"{m.get('device_count', '?')}x {m.get('device', '?')} per node, {m.get('backend', '?')}"
+            label += f", CUDA {m['cuda']}" if m.get("cuda") not in (None, "none") else ""
+        if label not in seen:
+            seen.append(label)
+    return "; ".join(seen) or "unknown (no run.json)"
+
+
+def render_sweep(
+    frame: pd.DataFrame,
+    jobs: Sequence[dict[str, Any]],
+    plots: dict[str, str],
+    csv_name: str = RESULTS_CSV,
+    title: str = "cpbench: CP sweep",
+    note: str = "",
+) -> str:
+    """The merged report of several runs (a sweep's jobs): per like-for-like group the CP curve (max N
+    vs cp, walltime vs N per cp), its readout, the plots, the failed jobs, every run's metadata."""
+    metas = [j["meta"] for j in jobs]
+    ok_jobs = sum(not j["error"] for j in jobs)
+    lines = [f"# {title}", "", f"Hardware: {hardware(metas)}.", ""]
+    if note:
+        lines += [note, ""]
+    lines += [
+        f"{len(frame)} row(s) from {len(jobs)} run(s), {ok_jobs} finished; "
+        f"every row is in [{csv_name}]({csv_name}).",
+        "",
+        "## Runs",
+        "",
+    ]
+    lines += _table(
+        ["run", "topology", "cp", "rows", "ok rows", "outcome"],
+        [(j["name"], j["topology"], j["cp"], j["rows"], j["ok_rows"], j["error"] or "ok") for j in jobs],
+    )
+    stale = [j for j in jobs if j.get("stale")]
+    if stale:
+        lines += [
+            "",
+            "Left out, as measured under other settings in the same folder (another config hash): "
+            + ", ".join(f"{j['stale']} row(s) of `{j['name']}`" for j in stale)
+            + ".",
+        ]
+    failed = [j for j in jobs if j["error"]]
+    if failed:
+        lines += ["", "### Failed runs", ""]
+        lines += [f"- `{j['name']}` (cp={j['cp']}): {j['error']}" for j in failed]
+    if plots:
+        lines += ["", "## Plots", ""] + [f"![{alt}]({path})" for alt, path in plots.items()]
+    for key, group in like_for_like(frame):
+        lines += ["", f"## {group_label(key)}", "", "### Readout", "", readout(group)]
+        fits = max_fit(group)
+        lines += ["", "### Max N_tokens that fits vs cp", ""]
+        if fits.empty:
+            lines.append("No max-fit rows: the max-token probe did not run (probe.enabled=true runs it).")
+        else:
+            lines += _table(
+                ["topology", "cp", "grid", "max N_tokens", "vs cp=1", "ideal sqrt(cp)", "probe stopped at"],
+                [
+                    (r.topology, r.cp, r.grid, r.max_n, "" if pd.isna(r.vs_cp1) else f"{r.vs_cp1:.2f}x",
+                     f"{r.ideal:.2f}x", r.note)
+                    for r in fits.itertuples()
+                ],
+            )  # fmt: skip
+        lines += _walltime_lines(group)
+    lines += ["", "## Run metadata", ""]
+    keys = [(k, label) for k, label in _META if any(k in m for m in metas)]
+    lines += _table(
+        ["", *(j["name"] for j in jobs)], [(label, *(m.get(k, "") for m in metas)) for k, label in keys]
+    )
+    lines += ["", "## All rows", ""]
+    lines += _rows_table(frame, extra=["run"]) if not frame.empty else ["No rows."]
+    lines += _errors(frame, with_run=True)
+    return "\n".join(lines) + "\n"
+
+
+def _walltime_lines(group: pd.DataFrame) -> list[str]:
+    table = walltime_table(group)
+    lines = ["", "### Walltime (ms, median over repeats of the slowest rank) vs N per cp", ""]
+    if table.empty:
+        return [*lines, "No point finished."]
+    grids = table.columns.get_level_values(2).nunique() > table.columns.droplevel(2).nunique()
+    header = ["N_tokens", "N_atoms", "MSA"] + [_series_label(t, c, g, grids) for t, c, g in table.columns]
+    rows = [
+        (*index, *(f"{v:.4g}" if pd.notna(v) else "" for v in values)) for index, values in table.iterrows()
+    ]
+    lines += _table(header, rows)
+    shares = comm_share(group)
+    if not shares.empty:
+        lines += ["", "Share of walltime in collectives (median over points): "]
+        lines[-1] += ", ".join(f"{r.topology} cp={r.cp}: {r.share:.0%}" for r in shares.itertuples()) + "."
+    return lines
 
 
 def write_report(output_dir: Path) -> Path:

@@ -27,6 +27,9 @@ def write_atomically(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # a plain file's mode, not mkstemp's private 0600
         with os.fdopen(fd, "w") as handle:
             handle.write(text)
             handle.flush()

@@ -1,0 +1,35 @@
+"""Hydra callbacks (configs/config.yaml, hydra.callbacks): the end of a multirun merges its jobs."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig
+
+
+class MergeSweep(Callback):
+    """At the end of a multirun: wait for the SLURM jobs it left running, then merge every job folder
+    of the sweep into one results.csv and cp_benchmark.md (with plots) at the sweep folder's root.
+    The sweep ran past failed jobs; it lists them, then exits non-zero."""
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        # Imported here: every Hydra run builds its callbacks, few of them end a multirun.
+        from cpbench.launch.slurm import finish_pending
+        from cpbench.report.merge import merge
+
+        finish_pending()
+        sweep_dir = Path(str(config.hydra.sweep.dir))
+        if not sweep_dir.is_dir():
+            return
+        merged = merge([sweep_dir])
+        print(
+            f"cpbench: merged {len(merged.frame)} row(s) from {len(merged.runs)} job(s) -> {merged.report}",
+            file=sys.stderr,
+        )
+        if merged.failed:
+            for run in merged.failed:
+                print(f"cpbench: job {run.name} failed: {run.error}", file=sys.stderr)
+            raise SystemExit(1)

@@ -1,0 +1,252 @@
+"""Merge runs (the job folders of a sweep, or any run folders) into one results.csv, cp_benchmark.md and
+plots; runs that failed are listed with their error, also when they measured nothing."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+from omegaconf import OmegaConf
+
+import cpbench
+from cpbench.launch.outcome import FAILURE_JSON, read_failure
+from cpbench.launch.slurm import SLURM_DIR, SUBMITTED_JSON
+from cpbench.report import metadata
+from cpbench.report.markdown import REPORT_MD, render_sweep
+from cpbench.report.plots import write_plots
+from cpbench.results.store import COLUMNS, RESULTS_CSV, read_results, write_atomically
+from cpbench.sweep import STATE_JSON
+
+# Files only a run folder holds; a sweep folder holds run folders (its own results.csv is a merge).
+RUN_FILES = (RESULTS_CSV, metadata.RUN_JSON, FAILURE_JSON, STATE_JSON)
+# Hydra's job folders (hydra.sweep.subdir = ${hydra.job.num}_cp${topology.cp}); also a job that died
+# before it wrote anything.
+JOB_DIR = re.compile(r"^(\d+)_")
+PUBLISHED_CSV = "cp_benchmark.csv"
+DOCS_DIR = Path(cpbench.__file__).resolve().parent.parent / "docs"
+
+
+@dataclass
+class Run:
+    """One run folder: its rows, metadata and how it ended."""
+
+    name: str
+    path: Path
+    frame: pd.DataFrame
+    meta: dict[str, Any]
+    failure: dict[str, Any] | None
+    in_flight: dict[str, Any] | None
+    submitted: dict[str, Any] | None
+    stale: int = 0  # rows of an earlier configuration in the same folder, left out
+
+    @property
+    def cp(self) -> int | None:
+        if "cp" in self.meta:
+            return int(self.meta["cp"])
+        if not self.frame.empty:
+            return int(self.frame["cp"].iloc[0])
+        match = re.search(r"cp(\d+)", self.name)
+        return int(match.group(1)) if match else None
+
+    @property
+    def topology(self) -> str:
+        if not self.frame.empty:
+            return str(self.frame["topology"].iloc[0])
+        return str(self.meta.get("topology", ""))
+
+    @property
+    def error(self) -> str:
+        """Empty for a run that finished; else why not, in one line."""
+        if self.failure:  # its first line; failure.json keeps the rest
+            return (str(self.failure.get("error") or "failed").strip().splitlines() or ["failed"])[0]
+        if self.in_flight:
+            return (
+                f"stopped while measuring N={self.in_flight.get('N_tokens')}: killed, or still running "
+                "(run it again to resume)"
+            )
+        if self.frame.empty:
+            if self.submitted:
+                return (
+                    f"no results yet from {self.submitted.get('cluster')} job {self.submitted.get('job_id')}"
+                )
+            return "no results: the job ended before measuring anything"
+        return ""
+
+    def summary(self) -> dict[str, Any]:
+        ok = int((self.frame["status"] == "ok").sum()) if not self.frame.empty else 0
+        return {
+            "name": self.name,
+            "topology": self.topology,
+            "cp": self.cp,
+            "rows": len(self.frame),
+            "ok_rows": ok,
+            "error": self.error,
+            "stale": self.stale,
+            "meta": self.meta,
+        }
+
+
+def _is_run(path: Path) -> bool:
+    return any((path / name).exists() for name in RUN_FILES)
+
+
+def _job_order(path: Path) -> tuple[int, str]:
+    match = JOB_DIR.match(path.name)
+    return (int(match.group(1)) if match else 1 << 30, path.name)
+
+
+def _jobs(folder: Path) -> list[Path]:
+    """The run folders inside a sweep folder, in job order (none: not a sweep)."""
+    children = (c for c in folder.iterdir() if c.is_dir() and (JOB_DIR.match(c.name) or _is_run(c)))
+    return sorted(children, key=_job_order)
+
+
+def discover(dirs: Sequence[Path]) -> list[tuple[str, Path]]:
+    """(name, folder) of every run: a sweep folder gives its job folders in job order, a run folder
+    itself."""
+    found: list[tuple[str, Path]] = []
+    for given in dirs:
+        folder = Path(given)
+        if not folder.is_dir():
+            raise FileNotFoundError(f"{folder}: no such folder")
+        jobs = _jobs(folder)
+        prefix = f"{folder.resolve().name}/" if len(dirs) > 1 else ""
+        if jobs:
+            found += [(prefix + job.name, job) for job in jobs]
+        elif _is_run(folder):
+            found.append((folder.resolve().name, folder))
+        else:
+            raise ValueError(
+                f"{folder}: neither a run folder (results.csv, run.json) nor a sweep of run folders"
+            )
+    names = [name for name, _ in found]
+    return [(f"{name}#{i}" if names.count(name) > 1 else name, path) for i, (name, path) in enumerate(found)]
+
+
+def _json(path: Path) -> dict[str, Any] | None:
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def load(name: str, path: Path) -> Run:
+    """A run folder's rows of its current configuration (run.json's config hash): rows an earlier run
+    in the same folder measured under other settings are not like-for-like, and are left out."""
+    state = _json(path / STATE_JSON) or {}
+    meta = metadata.read(path)
+    frame = read_results(path / RESULTS_CSV)
+    stale = 0
+    if meta.get("config_hash") and "config_hash" in frame.columns:
+        current = frame["config_hash"] == meta["config_hash"]
+        frame, stale = frame[current].reset_index(drop=True), int((~current).sum())
+    return Run(
+        name=name,
+        path=path,
+        frame=frame,
+        meta=meta,
+        failure=read_failure(path),
+        in_flight=state.get("in_flight"),
+        submitted=_json(path / SLURM_DIR / SUBMITTED_JSON),
+        stale=stale,
+    )
+
+
+def combine(runs: Sequence[Run]) -> pd.DataFrame:
+    """Every row of every run, in run order, with a `run` column naming its folder."""
+    frames = [run.frame.assign(run=run.name) for run in runs if not run.frame.empty]
+    if not frames:
+        return pd.DataFrame(columns=[*COLUMNS, "run"])
+    frame = pd.concat(frames, ignore_index=True)
+    extras = [c for c in frame.columns if c not in COLUMNS and c != "run"]
+    return frame[[c for c in COLUMNS if c in frame.columns] + extras + ["run"]]
+
+
+def sweep_command(folder: Path) -> str | None:
+    """The command line that made a sweep folder, from the multirun.yaml Hydra keeps there."""
+    path = Path(folder) / "multirun.yaml"
+    if not path.exists():
+        return None
+    overrides = OmegaConf.load(path).hydra.overrides
+    args = [a for a in overrides.hydra if a != "hydra.mode=MULTIRUN"] + list(overrides.task)
+    return shlex.join(["python", "-m", "cpbench", "-m", *args])
+
+
+@dataclass
+class Merged:
+    runs: list[Run]
+    frame: pd.DataFrame
+    commands: list[str]
+    report: Path | None = None
+
+    @property
+    def failed(self) -> list[Run]:
+        return [run for run in self.runs if run.error]
+
+
+def collect(dirs: Sequence[Path]) -> Merged:
+    runs = [load(name, path) for name, path in discover(dirs)]
+    commands = [c for c in (sweep_command(Path(d)) for d in dirs) if c]
+    return Merged(runs, combine(runs), commands)
+
+
+def write(
+    merged: Merged,
+    out_dir: Path,
+    csv_name: str = RESULTS_CSV,
+    title: str = "cpbench: CP sweep",
+    note: str = "",
+) -> Path:
+    """The merged CSV, the plots and the markdown that links both, side by side in `out_dir`."""
+    if any(out_dir.resolve() == run.path.resolve() for run in merged.runs):
+        raise ValueError(f"{out_dir}: is one of the runs merged; write the merge elsewhere (--out)")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write_atomically(out_dir / csv_name, merged.frame.to_csv(index=False))
+    plots = write_plots(merged.frame, out_dir)
+    if merged.commands:
+        made = "Measured with " + "; ".join(f"`{c}`" for c in merged.commands) + "."
+        note = f"{note}\n\n{made}" if note else made
+    text = render_sweep(merged.frame, [run.summary() for run in merged.runs], plots, csv_name, title, note)
+    merged.report = out_dir / REPORT_MD
+    write_atomically(merged.report, text)
+    return merged.report
+
+
+def default_out(dirs: Sequence[Path]) -> Path | None:
+    """A single sweep folder holds its own merge; anything else needs a place to be named."""
+    if len(dirs) == 1 and Path(dirs[0]).is_dir() and _jobs(Path(dirs[0])):
+        return Path(dirs[0])
+    return None
+
+
+def merge(dirs: Sequence[Path], out_dir: Path | None = None) -> Merged:
+    """Collect the runs under `dirs` and write their merge to `out_dir` (default: the one sweep folder)."""
+    out_dir = out_dir or default_out(dirs)
+    if out_dir is None:
+        raise ValueError("several folders, or a run folder, were given: name where the merge goes (--out)")
+    merged = collect(dirs)
+    write(merged, out_dir)
+    return merged
+
+
+def publish(dirs: Sequence[Path], docs_dir: Path = DOCS_DIR) -> Merged:
+    """docs/cp_benchmark.md with cp_benchmark.csv and the plots beside it, labelled with the hardware
+    (results on CPU say they stand in until GPU results replace them)."""
+    merged = collect(dirs)
+    metas = [run.meta for run in merged.runs if run.meta]
+    on_cpu = bool(metas) and all(m.get("backend") == "gloo" and m.get("cuda") == "none" for m in metas)
+    sources = ", ".join(f"`{Path(d).name}`" for d in dirs)
+    note = (
+        f"Published with `python -m cpbench.report <dirs> --publish` from {sources}; "
+        f"the runs' metadata is at the end."
+    )
+    if on_cpu:
+        note += (
+            " These numbers come from CPU ranks (gloo) on a small machine: they show the shape of the "
+            "report and of the CP curve, not GPU performance, and stand until GPU results replace them."
+        )
+    write(merged, docs_dir, csv_name=PUBLISHED_CSV, title="cpbench: published CP benchmark", note=note)
+    return merged

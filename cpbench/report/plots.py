@@ -1,0 +1,108 @@
+"""The CP curve as PNGs beside the report: max N vs cp against the ideal for memory growing as N^2
+(N growing as sqrt(cp)), and walltime vs N per cp. One panel per like-for-like group."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pandas as pd
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure  # the object API: no pyplot state, no GUI backend
+
+from cpbench.report.markdown import group_label, like_for_like, max_fit, ok_points
+
+MAX_N_PNG = "cp_benchmark_max_n.png"
+WALLTIME_PNG = "cp_benchmark_walltime.png"
+
+
+def _panels(count: int) -> tuple[Figure, list[Axes]]:
+    fig = Figure(figsize=(6.0 * count, 4.2), layout="constrained")
+    return fig, list(fig.subplots(1, count, squeeze=False)[0])
+
+
+def _log2_axis(ax: Axes, values: list[int], axis: str = "x") -> None:
+    """Powers of two sit evenly; the ticks are the values measured."""
+    getattr(ax, f"set_{axis}scale")("log", base=2)
+    ticks = sorted(set(int(v) for v in values))
+    getattr(ax, f"set_{axis}ticks")(ticks, [str(t) for t in ticks])
+    getattr(ax, f"set_{axis}ticks")([], minor=True)
+
+
+def plot_max_n(frame: pd.DataFrame, path: Path) -> Path | None:
+    """Max N_tokens that fits vs cp per topology, with the ideal N(cp=1) * sqrt(cp); None without
+    max-fit rows."""
+    groups = [(key, max_fit(group)) for key, group in like_for_like(frame)]
+    groups = [(key, fits) for key, fits in groups if not fits.empty]
+    if not groups:
+        return None
+    fig, axes = _panels(len(groups))
+    for ax, (key, fits) in zip(axes, groups, strict=True):
+        for topology, series in fits.groupby("topology"):
+            series = series.sort_values("cp")
+            ax.plot(series["cp"], series["max_n"], marker="o", label=f"{topology}: measured")
+        base = fits.loc[fits["cp"] == 1, "max_n"].max()
+        cps = sorted(set(fits["cp"]))
+        if pd.notna(base):
+            xs = [2 ** (i / 8) for i in range(int(8 * math.log2(max(cps))) + 1)]
+            ax.plot(
+                xs, [base * math.sqrt(x) for x in xs], "--", color="0.5", label="ideal: N(cp=1) x sqrt(cp)"
+            )
+        _log2_axis(ax, cps)
+        _log2_axis(ax, list(fits["max_n"]), "y")
+        ax.set_xlabel("cp (ranks)")
+        ax.set_ylabel("max N_tokens that fits")
+        ax.set_title(group_label(key))
+        ax.grid(alpha=0.3, which="both")
+        ax.legend()
+    fig.savefig(path, dpi=110)
+    return path
+
+
+def plot_walltime(frame: pd.DataFrame, path: Path) -> Path | None:
+    """Walltime vs N_tokens, one line per (topology, cp) (and MSA depth where it varies), with the IQR
+    as error bars; None when no point finished."""
+    groups = [(key, ok_points(group)) for key, group in like_for_like(frame)]
+    groups = [(key, ok) for key, ok in groups if not ok.empty]
+    if not groups:
+        return None
+    fig, axes = _panels(len(groups))
+    for ax, (key, ok) in zip(axes, groups, strict=True):
+        series_keys = ["topology", "cp", "grid"] + (["MSA_depth"] if ok["MSA_depth"].nunique() > 1 else [])
+        grids = ok.groupby(["topology", "cp"])["grid"].nunique().max() > 1
+        for values, series in ok.groupby(series_keys, sort=True):
+            topology, cp, grid, *msa = values
+            by_n = series.groupby("N_tokens")[["walltime_ms", "walltime_iqr_ms"]].median().sort_index()
+            label = f"{topology} cp={cp}" + (f" ({grid})" if grids else "") + (f" S={msa[0]}" if msa else "")
+            ax.errorbar(
+                by_n.index,
+                by_n["walltime_ms"],
+                yerr=by_n["walltime_iqr_ms"].fillna(0) / 2,
+                marker="o",
+                capsize=3,
+                label=label,
+            )
+        _log2_axis(ax, list(ok["N_tokens"]))
+        ax.set_yscale("log")
+        ax.set_xlabel("N_tokens")
+        ax.set_ylabel("walltime ms (median, slowest rank)")
+        ax.set_title(group_label(key))
+        ax.grid(alpha=0.3, which="both")
+        ax.legend()
+    fig.savefig(path, dpi=110)
+    return path
+
+
+def write_plots(frame: pd.DataFrame, out_dir: Path) -> dict[str, str]:
+    """Write the plots the rows allow, removing any the rows no longer allow (a stale plot beside a
+    report would show other data); {alt text: file name} for the report to link."""
+    written = {}
+    for alt, name, plot in (
+        ("max N_tokens vs cp against the sqrt(cp) ideal", MAX_N_PNG, plot_max_n),
+        ("walltime vs N_tokens per cp", WALLTIME_PNG, plot_walltime),
+    ):
+        if plot(frame, out_dir / name):
+            written[alt] = name
+        else:
+            (out_dir / name).unlink(missing_ok=True)
+    return written

@@ -1,0 +1,216 @@
+"""The merged report over run folders: rows, like-for-like groups, the readout computed from the data,
+failed runs, plots, the on-demand CLI and publishing. The run folders are written here with the
+store's own writers, with numbers chosen so that every figure of the readout is known."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import matplotlib.image
+import pandas as pd
+import pytest
+from conftest import results, run_cmd
+
+from cpbench.launch.outcome import record_failure
+from cpbench.report import metadata
+from cpbench.report.markdown import readout
+from cpbench.report.merge import collect, merge
+from cpbench.report.plots import MAX_N_PNG, WALLTIME_PNG, write_plots
+from cpbench.results.store import append_row
+from cpbench.sweep import InFlight
+
+# Max N that fits: 1000 at cp=1, 1400 at cp=2 (1.40x), 1900 at cp=4 (1.90x; ideal 2.00x: 95%).
+MAX_N = {1: 1000, 2: 1400, 4: 1900}
+# Walltime (ms) and time in collectives (ms) at N=256 and N=512.
+TIMES = {1: {256: (40.0, 0.0), 512: (160.0, 0.0)}, 2: {256: (25.0, 2.5), 512: (90.0, 9.0)},
+         4: {256: (20.0, 12.0), 512: (50.0, 30.0)}}  # fmt: skip
+
+
+def _meta(cp: int) -> dict:
+    return {
+        "date": "2026-01-01 00:00:00 UTC", "host": "box", "device": "x86_64", "device_count": 1,
+        "cpu_cores": 2, "backend": "gloo", "torch": "2.13.0+cpu", "cuda": "none", "topology": "1d",
+        "cp": cp, "grid": f"{cp}x1", "world_size": cp, "clocks_locked": "n/a (CPU)",
+        "devices_shared": "no", "config_hash": f"hash{cp}", "commit": "abc1234",
+    }  # fmt: skip
+
+
+def _row(cp: int, n: int, kind: str = "point", dtype: str = "float32", **values) -> dict:
+    return {
+        "workload": "axial_mix", "workflow": "inference", "topology": "1d", "cp": cp, "grid": f"{cp}x1",
+        "N_tokens": n, "N_atoms": 9 * n, "MSA_depth": 16, "dtype": dtype, "status": "ok",
+        "peak_mem_gib": 1.0, "kind": kind, "config_hash": f"hash{cp}", **values,
+    }  # fmt: skip
+
+
+def _run(folder: Path, cp: int, rows: list[dict]) -> Path:
+    folder.mkdir(parents=True)
+    metadata.write(folder, _meta(cp))
+    for row in rows:
+        append_row(folder / "results.csv", row)
+    return folder
+
+
+def _points(cp: int, dtype: str = "float32") -> list[dict]:
+    return [
+        _row(cp, n, dtype=dtype, walltime_ms=wall, walltime_iqr_ms=wall / 10, comm_ms=comm)
+        for n, (wall, comm) in TIMES[cp].items()
+    ]
+
+
+@pytest.fixture
+def sweep(tmp_path) -> Path:
+    """Jobs 0-2: a cp=1,2,4 sweep in float32; 3: a bfloat16 run (not comparable with them); 4: a job
+    that failed before measuring; 5: a job killed in the middle of a point."""
+    root = tmp_path / "sweep"
+    for job, cp in enumerate((1, 2, 4)):
+        fit = _row(cp, MAX_N[cp], kind="max-fit", oom_at=MAX_N[cp] + 64)
+        _run(root / f"{job}_cp{cp}", cp, [*_points(cp), fit])
+    _run(
+        root / "3_cp2", 2, [_row(2, 256, dtype="bfloat16", walltime_ms=7.0, walltime_iqr_ms=0.5, comm_ms=1.0)]
+    )
+    (root / "4_cp8").mkdir()
+    record_failure(root / "4_cp8", 1, "rank 3 failed: RuntimeError: NCCL error")
+    killed = _run(root / "5_cp4", 4, [_row(4, 128, walltime_ms=9.0, walltime_iqr_ms=1.0, comm_ms=5.0)])
+    InFlight(killed).start(_row(4, 256))
+    return root
+
+
+def test_merged_rows_and_runs(sweep):
+    merged = merge([sweep])
+    frame = results(sweep)
+    assert len(frame) == 3 + 3 + 3 + 1 + 1
+    assert list(frame["run"].unique()) == ["0_cp1", "1_cp2", "2_cp4", "3_cp2", "5_cp4"]
+    assert list(frame.columns[:3]) == ["workload", "workflow", "topology"] and frame.columns[-1] == "run"
+    assert [run.name for run in merged.failed] == ["4_cp8", "5_cp4"]
+    assert merged.report == sweep / "cp_benchmark.md"
+    merge([sweep])  # merging again reads the job folders, never the merge itself
+    assert len(results(sweep)) == len(frame)
+
+
+def test_merged_report_compares_only_like_for_like(sweep):
+    merge([sweep])
+    text = (sweep / "cp_benchmark.md").read_text()
+    float32, bfloat16 = text.split("## axial_mix, inference, float32")[1].split(
+        "## axial_mix, inference, bfloat16"
+    )
+    # The CP curve of the float32 runs: max N vs cp, against cp=1 and the sqrt(cp) ideal ...
+    assert "| 1d | 1 | 1x1 | 1000 | 1.00x | 1.00x | N=1064 does not fit |" in float32
+    assert "| 1d | 2 | 2x1 | 1400 | 1.40x | 1.41x | N=1464 does not fit |" in float32
+    assert "| 1d | 4 | 4x1 | 1900 | 1.90x | 2.00x | N=1964 does not fit |" in float32
+    # ... and walltime vs N per cp; the bfloat16 run's 7 ms is not in it.
+    assert "| N_tokens | N_atoms | MSA | 1d cp=1 | 1d cp=2 | 1d cp=4 |" in float32
+    assert (
+        "| 256 | 2304 | 16 | 40 | 25 | 20 |" in float32 and "| 512 | 4608 | 16 | 160 | 90 | 50 |" in float32
+    )
+    assert "| 256 | 2304 | 16 | 7 |" in bfloat16.split("## Run metadata")[0]
+    assert "| 7 |" not in float32
+    # Failed runs, with their error.
+    assert "- `4_cp8` (cp=8): rank 3 failed: RuntimeError: NCCL error" in text
+    assert "- `5_cp4` (cp=4): stopped while measuring N=256: killed, or still running" in text
+    assert "| 4_cp8 |  | 8 | 0 | 0 | rank 3 failed: RuntimeError: NCCL error |" in text
+    # All metadata, one column per run.
+    assert "|  | 0_cp1 | 1_cp2 | 2_cp4 | 3_cp2 | 4_cp8 | 5_cp4 |" in text
+    assert "| project commit | abc1234 | abc1234 | abc1234 | abc1234 |  | abc1234 |" in text
+    assert text.startswith("# cpbench: CP sweep\n\nHardware: CPU (x86_64, 2 cores), gloo.")
+
+
+def test_readout_is_computed_from_the_data(sweep):
+    frame = collect([sweep]).frame
+    text = readout(frame[frame["dtype"] == "float32"])
+    assert (
+        "Largest N_tokens that fits: 1000 at cp=1; 1400 at cp=2 (1.40x cp=1; ideal sqrt(cp) = 1.41x); "
+        in text
+    )
+    assert "1900 at cp=4 (1.90x cp=1; ideal sqrt(cp) = 2.00x)." in text
+    assert "At cp=4 that is 95% of the ideal growth for memory growing as N^2." in text
+    # Collectives: medians of 0/40, 0/160; 2.5/25, 9/90; 12/20, 30/50 and the killed job's 5/9.
+    assert "0% at cp=1, 10% at cp=2, 60% at cp=4; at cp=4 the run is communication-bound." in text
+    assert "At N_tokens=512, walltime is 160 ms at cp=1 and 50 ms at cp=4 (3.20x faster)." in text
+    # Several groups: one paragraph each, named.
+    both = readout(frame)
+    assert both.count("**axial_mix, inference, ") == 2 and "\n\n" in both
+
+
+def test_readout_without_probe_or_baseline(sweep):
+    frame = collect([sweep / "1_cp2", sweep / "2_cp4"]).frame
+    text = readout(frame)
+    assert "No cp=1 baseline was run" in text
+    points = readout(frame[frame["kind"] == "point"])
+    assert points.startswith("Max N_tokens was not probed here")
+    assert "compute-bound" not in points and "communication-bound" in points
+
+
+def test_plots_are_written_and_not_empty(sweep, tmp_path):
+    frame = collect([sweep]).frame
+    written = write_plots(frame, tmp_path)
+    assert sorted(written.values()) == sorted([MAX_N_PNG, WALLTIME_PNG])
+    # One panel per like-for-like group that has data: max-fit rows only in float32, points in both.
+    for name, panels in ((MAX_N_PNG, 1), (WALLTIME_PNG, 2)):
+        image = matplotlib.image.imread(tmp_path / name)
+        assert image.shape[0] > 300 and 500 * panels < image.shape[1] < 700 * panels
+        assert image[..., :3].std() > 0.05, f"{name} is blank"
+    # Without max-fit rows there is no max-N plot, and a stale one from an earlier merge goes.
+    points = frame[frame["kind"] == "point"]
+    assert write_plots(points, tmp_path) == {"walltime vs N_tokens per cp": WALLTIME_PNG}
+    assert not (tmp_path / MAX_N_PNG).exists()
+
+
+def test_report_cli_and_publish(sweep, tmp_path):
+    docs = tmp_path / "docs"
+    proc = run_cmd([sys.executable, "-m", "cpbench.report", str(sweep), "--publish", str(docs)], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == [str(sweep / "cp_benchmark.md"), str(docs / "cp_benchmark.md")]
+    assert "merged 11 row(s) from 6 run(s)" in proc.stderr and "4_cp8: rank 3 failed" in proc.stderr
+    assert sorted(p.name for p in docs.iterdir()) == sorted(
+        ["cp_benchmark.md", "cp_benchmark.csv", MAX_N_PNG, WALLTIME_PNG]
+    )
+    text = (docs / "cp_benchmark.md").read_text()
+    assert "every row is in [cp_benchmark.csv](cp_benchmark.csv)" in text
+    assert f"![walltime vs N_tokens per cp]({WALLTIME_PNG})" in text and f"]({MAX_N_PNG})" in text
+    assert "Hardware: CPU (x86_64, 2 cores), gloo." in text and "stand until GPU results replace them" in text
+    assert "## Run metadata" in text and "| torch | 2.13.0+cpu |" in text
+    published = pd.read_csv(docs / "cp_benchmark.csv")
+    assert len(published) == 11 and published.columns[-1] == "run"
+
+
+def test_report_cli_rejects_what_it_cannot_merge(sweep, tmp_path):
+    missing = run_cmd([sys.executable, "-m", "cpbench.report", str(tmp_path / "nope")], cwd=tmp_path)
+    assert missing.returncode == 2 and "nope: no such folder" in missing.stderr
+    several = run_cmd(
+        [sys.executable, "-m", "cpbench.report", str(sweep / "0_cp1"), str(sweep / "1_cp2")], cwd=tmp_path
+    )
+    assert several.returncode == 2 and "name where the merge goes (--out)" in several.stderr
+    into_a_run = run_cmd(
+        [sys.executable, "-m", "cpbench.report", str(sweep), "--out", str(sweep / "0_cp1")], cwd=tmp_path
+    )
+    assert into_a_run.returncode == 2 and "is one of the runs merged" in into_a_run.stderr
+    out = tmp_path / "two"
+    two = run_cmd(
+        [
+            sys.executable,
+            "-m",
+            "cpbench.report",
+            str(sweep / "0_cp1"),
+            str(sweep / "2_cp4"),
+            "--out",
+            str(out),
+        ],
+        cwd=tmp_path,
+    )
+    assert two.returncode == 0, two.stderr
+    assert list(results(out)["run"].unique()) == ["0_cp1", "2_cp4"]
+
+
+def test_rows_of_an_earlier_configuration_are_left_out(tmp_path):
+    """A folder rerun under other settings keeps its old rows; they are not like-for-like."""
+    run = _run(
+        tmp_path / "sweep" / "0_cp2", 2, [_row(2, 64, config_hash="old", walltime_ms=1.0), *_points(2)]
+    )
+    merged = merge([tmp_path / "sweep"])
+    assert list(merged.frame["N_tokens"]) == [256, 512] and set(merged.frame["config_hash"]) == {"hash2"}
+    assert len(results(run)) == 3  # the run's own rows stay as they are
+    text = (tmp_path / "sweep" / "cp_benchmark.md").read_text()
+    assert "Left out, as measured under other settings in the same folder (another config hash): " in text
+    assert "1 row(s) of `0_cp2`" in text and "| 64 |" not in text
