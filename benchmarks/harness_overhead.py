@@ -45,8 +45,10 @@ def main() -> None:
         loss = torch.zeros((), requires_grad=True)
         null = StepRunner(NullWorkload(), null_model, train, ctx, 1e-4, 0.0)
         overhead = median_step_ms(null, loss if train else batch.z, 2000)
-    print(f"{args.workflow} N={args.n_tokens}: step {step:.3f} ms, harness {overhead * 1e3:.1f} us, "
-          f"ratio {overhead / step:.4%}")
+    print(
+        f"{args.workflow} N={args.n_tokens}: step {step:.3f} ms, harness {overhead * 1e3:.1f} us, "
+        f"ratio {overhead / step:.4%}"
+    )
 
 
 if __name__ == "__main__":
