@@ -12,6 +12,8 @@ import pandas as pd
 import pytest
 
 TESTS = Path(__file__).resolve().parent
+# The cheapest workload, unless a test names another (a later override wins).
+BASE = ["workload=axial_mix"]
 TIMING = ["timing.warmup=1", "timing.repeats=2", "log.progress=false"]
 FAST = [*TIMING, "probe.enabled=false"]  # walltime points only: tests of the probe turn it on
 
@@ -46,12 +48,13 @@ def run_cmd(
 def cpbench(
     *args: str, cwd: Path, timeout: float = 180, env: dict | None = None
 ) -> subprocess.CompletedProcess:
-    return run_cmd([sys.executable, "-m", "cpbench", *args], cwd, timeout, env)
+    flags = ["-m"] if args[:1] == ("-m",) else []  # Hydra takes its flags before the overrides
+    return run_cmd([sys.executable, "-m", "cpbench", *flags, *BASE, *args[len(flags) :]], cwd, timeout, env)
 
 
 def torchrun(nproc: int, *args: str, cwd: Path, timeout: float = 180, env: dict | None = None):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-           "-m", "cpbench", *args]  # fmt: skip
+           "-m", "cpbench", *BASE, *args]  # fmt: skip
     return run_cmd(cmd, cwd, timeout, env)
 
 

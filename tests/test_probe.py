@@ -101,8 +101,8 @@ def test_failure_inside_the_step_restarts_and_resumes(tmp_path, kind):
 
 def test_killed_job_resumes_without_rerunning_finished_n(tmp_path):
     out = tmp_path / "out"
-    args = [sys.executable, "-m", "cpbench", "topology.cp=2", *PROBE, "memory.cpu_budget_gib=1",
-            "probe.measure_at_max=false", f"output_dir={out}"]  # fmt: skip
+    args = [sys.executable, "-m", "cpbench", "workload=axial_mix", "topology.cp=2", *PROBE,
+            "memory.cpu_budget_gib=1", "probe.measure_at_max=false", f"output_dir={out}"]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(TESTS)}
     job = subprocess.Popen(
         args,

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-_CPU_OOM = ("DefaultCPUAllocator: can't allocate memory", "CPU out of memory")
+# oneDNN reports an allocation that failed under the cap as a primitive it could not create.
+_CPU_OOM = ("DefaultCPUAllocator: can't allocate memory", "CPU out of memory", "could not create a primitive")
 
 
 class BudgetExceeded(RuntimeError):
