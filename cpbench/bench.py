@@ -167,7 +167,7 @@ class Bench:
         best, fail = run_probe(search, state, trials, self._probe_shape, step_at)
         shape = self._probe_shape(best.n if best else fail.n)
         if self.lead and point_key("max-fit", shape) not in self.done:
-            self.in_flight.finish({**self.row_identity(shape, "max-fit"), **max_fit_row(best, fail, shape)})
+            self.in_flight.finish({**self.row_identity(shape, "max-fit"), **max_fit_row(best, fail)})
         if best and self.cfg.probe.measure_at_max and point_key("point", shape) not in self.done:
             self.measure(shape, runner, kind="point")
 

@@ -78,7 +78,7 @@ def run_probe(
     return best, fail
 
 
-def max_fit_row(best: Trial | None, fail: Trial | None, shape: Shape) -> dict[str, Any]:
+def max_fit_row(best: Trial | None, fail: Trial | None) -> dict[str, Any]:
     """The headline row: the largest N that fits, its peak, and the first N that did not."""
     return {
         "status": "ok" if best else "oom",
