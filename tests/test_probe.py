@@ -61,7 +61,8 @@ def test_probe_under_a_budget_finds_the_edge_and_measures_it(tmp_path, topology)
         if measured["status"] == "ok"
         else measured["status"] in ("oom", "crashed")
     )
-    assert "max-fit" in (out / "cp_benchmark.md").read_text()
+    assert "| max-fit | axial_mix |" in (md := (out / "cp_benchmark.md").read_text())
+    assert f"| ok, OOM@{int(row['oom_at'])} |" in md
 
 
 FAULT = ["topology.cp=2", *PROBE, "memory.cpu_budget_gib=1", "probe.measure_at_max=false", "fault.rank=1",

@@ -239,7 +239,13 @@ def readout(frame: pd.DataFrame) -> str:
 def _rows_table(frame: pd.DataFrame, extra: Sequence[str] = ()) -> list[str]:
     cols = [c for c in extra if c in frame.columns] + [c for c in _TABLE if c in frame.columns]
     lines = ["| " + " | ".join(_TABLE.get(c, c) for c in cols) + " |", "|" + "---|" * len(cols)]
-    for row in frame[cols].itertuples(index=False):
+    shown = frame.copy()
+    if "oom_at" in shown.columns:  # a max-fit row names the first N that did not fit
+        at = (shown["kind"] == "max-fit") & shown["oom_at"].notna()
+        shown.loc[at, "status"] = (
+            shown.loc[at, "status"].astype(str) + ", OOM@" + shown.loc[at, "oom_at"].astype(int).astype(str)
+        )
+    for row in shown[cols].itertuples(index=False):
         # Checksums keep enough digits to tell two runs apart.
         cells = (_fmt(v, 12 if c == "checksum" else 6) for c, v in zip(cols, row, strict=True))
         lines.append("| " + " | ".join(cells) + " |")
