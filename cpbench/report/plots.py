@@ -21,6 +21,14 @@ def _panels(count: int) -> tuple[Figure, list[Axes]]:
     return fig, list(fig.subplots(1, count, squeeze=False)[0])
 
 
+def _label(ax: Axes, xlabel: str, ylabel: str, key: tuple) -> None:
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(group_label(key))
+    ax.grid(alpha=0.3, which="both")
+    ax.legend()
+
+
 def _log2_axis(ax: Axes, values: list[int], axis: str = "x") -> None:
     """Powers of two sit evenly; the ticks are the values measured."""
     getattr(ax, f"set_{axis}scale")("log", base=2)
@@ -50,11 +58,7 @@ def plot_max_n(frame: pd.DataFrame, path: Path) -> Path | None:
             )
         _log2_axis(ax, cps)
         _log2_axis(ax, list(fits["max_n"]), "y")
-        ax.set_xlabel("cp (ranks)")
-        ax.set_ylabel("max N_tokens that fits")
-        ax.set_title(group_label(key))
-        ax.grid(alpha=0.3, which="both")
-        ax.legend()
+        _label(ax, "cp (ranks)", "max N_tokens that fits", key)
     fig.savefig(path, dpi=110)
     return path
 
@@ -84,11 +88,7 @@ def plot_walltime(frame: pd.DataFrame, path: Path) -> Path | None:
             )
         _log2_axis(ax, list(ok["N_tokens"]))
         ax.set_yscale("log")
-        ax.set_xlabel("N_tokens")
-        ax.set_ylabel("walltime ms (median, slowest rank)")
-        ax.set_title(group_label(key))
-        ax.grid(alpha=0.3, which="both")
-        ax.legend()
+        _label(ax, "N_tokens", "walltime ms (median, slowest rank)", key)
     fig.savefig(path, dpi=110)
     return path
 
