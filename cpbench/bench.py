@@ -207,6 +207,7 @@ class Bench:
             "N_atoms": shape.n_atoms, "MSA_depth": shape.msa_depth, "dtype": cfg.dtype, "kind": kind,
             "warmup": cfg.timing.warmup, "repeats": cfg.timing.repeats, "seed": cfg.seed,
             "config_hash": self.config_hash,
+            **_workload_columns(self.workload, cfg.workflow == "training"),
         }  # fmt: skip
 
 
@@ -216,6 +217,12 @@ def _apply_budget(cfg: DictConfig, ctx: RankContext) -> Budget | None:
     if gib is None and ctx.device.type == "cpu":
         gib = cfg.memory.cpu_budget_gib
     return None if gib is None else Budget(gib, apply_budget(gib, ctx.device))
+
+
+def _workload_columns(workload: Any, train: bool) -> dict[str, Any]:
+    """The optional fourth hook: settings a workload records in each of its rows."""
+    columns = getattr(workload, "columns", None)
+    return dict(columns(train)) if callable(columns) else {}
 
 
 def _grid(topology: Topology) -> str:

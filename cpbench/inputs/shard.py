@@ -57,6 +57,7 @@ class FoldShard:
     n_atoms_padded: int
     atom_block: int
     atom_start: int  # real atoms on the row blocks before this one (global index of atoms[0] if real)
+    atom_bounds: tuple[int, ...]  # real atoms before each row block, and in all (rows + 1 values)
     msa_depth: int
     row_tokens: dict[str, torch.Tensor] = field(default_factory=dict)
     col_tokens: dict[str, torch.Tensor] = field(default_factory=dict)
@@ -178,6 +179,7 @@ def build_shard(source: FeatureSource, topology: Topology, coords: tuple[int, in
         n_atoms_padded=block * topology.grid[0],
         atom_block=block,
         atom_start=int(prefix[r]),
+        atom_bounds=tuple(int(x) for x in prefix),
         msa_depth=source.msa_depth,
         row_tokens=row_t,
         col_tokens=row_t if col_tokens is row_tokens else _to_torch(col_tokens),

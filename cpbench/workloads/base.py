@@ -72,3 +72,6 @@ class Workload(Protocol):
     def build_batch(self, shape: Shape, ctx: RankContext) -> Any: ...
 
     def run_step(self, model: torch.nn.Module, batch: Any, train: bool) -> torch.Tensor | None: ...
+
+    # Optional: `columns(train) -> dict` names settings that results.csv records in each row of
+    # this workload (the fold workload's sampling steps and recycles).

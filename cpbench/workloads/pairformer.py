@@ -13,18 +13,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from cpbench.distributed.grid import Grid
 from cpbench.inputs import fold_inputs
+from cpbench.models.embeddings import TOKEN_FEATURES, RelativePosition, token_features
 from cpbench.models.pairformer import PairformerConfig, PairformerStack, PairLayout
 from cpbench.models.pairformer.modules import LinearNoBias
 from cpbench.workloads.base import RankContext, Shape
-
-N_RES_TYPES = 33
-TOKEN_FEATURES = 2 * N_RES_TYPES + 1  # res_type one-hot, profile, deletion_mean
-R_MAX, S_MAX = 32, 2  # AF3's relative position and chain clips
 
 
 @dataclass
@@ -37,42 +33,19 @@ class PairformerBatch:
 
 
 class InputEmbedder(nn.Module):
-    """s_i from token i's features; z_ij = outer sum of token projections + relative position
-    encoding (one-hot encodings applied as embedding lookups: a LinearNoBias of a one-hot) + bonds."""
+    """s_i from token i's features; z_ij = outer sum of token projections + relative position."""
 
     def __init__(self, c_s: int, c_z: int):
         super().__init__()
         self.single = LinearNoBias(TOKEN_FEATURES, c_s)
         self.left, self.right = LinearNoBias(TOKEN_FEATURES, c_z), LinearNoBias(TOKEN_FEATURES, c_z)
-        self.rel_residue = nn.Embedding(2 * R_MAX + 2, c_z)
-        self.rel_token = nn.Embedding(2 * R_MAX + 2, c_z)
-        self.rel_chain = nn.Embedding(2 * S_MAX + 2, c_z)
-        self.same_entity = LinearNoBias(1, c_z)
-        self.bond = LinearNoBias(1, c_z)
-
-    @staticmethod
-    def token_inputs(t: dict[str, torch.Tensor]) -> torch.Tensor:
-        res = F.one_hot(t["res_type"].long(), N_RES_TYPES).float()
-        return torch.cat([res, t["profile"].float(), t["deletion_mean"].float()[:, None]], dim=-1)
+        self.relpos = RelativePosition(c_z)
 
     def forward(
         self, rows: dict[str, torch.Tensor], cols: dict[str, torch.Tensor], bonds: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        fr, fc = self.token_inputs(rows), self.token_inputs(cols)
-
-        def pairwise(name: str) -> torch.Tensor:
-            return rows[name].long()[:, None] - cols[name].long()[None, :]
-
-        same_chain = pairwise("asym_id") == 0
-        same_entity = pairwise("entity_id") == 0
-        far_res, far_chain = 2 * R_MAX + 1, 2 * S_MAX + 1
-        d_res = torch.where(same_chain, (pairwise("residue_index") + R_MAX).clamp(0, 2 * R_MAX), far_res)
-        same_res = same_chain & (pairwise("residue_index") == 0)
-        d_tok = torch.where(same_res, (pairwise("token_index") + R_MAX).clamp(0, 2 * R_MAX), far_res)
-        d_chain = torch.where(same_entity, (pairwise("sym_id") + S_MAX).clamp(0, 2 * S_MAX), far_chain)
-        z = self.left(fr)[:, None] + self.right(fc)[None, :]
-        z = z + self.rel_residue(d_res) + self.rel_token(d_tok) + self.rel_chain(d_chain)
-        z = z + self.same_entity(same_entity[..., None].float()) + self.bond(bonds[..., None].float())
+        fr, fc = token_features(rows), token_features(cols)
+        z = self.left(fr)[:, None] + self.right(fc)[None, :] + self.relpos(rows, cols, bonds)
         return self.single(fr), z
 
 
@@ -128,7 +101,7 @@ class PairformerWorkload:
         by_run = {torch.float32: "fp32", torch.bfloat16: "bf16"}
         if ctx.dtype not in by_run:
             raise ValueError(
-                f"dtype={ctx.dtype}: the pairformer workload runs float32 or bfloat16 (autocast)"
+                f"dtype={ctx.dtype}: the {self.name} workload runs float32 or bfloat16 (autocast)"
             )
         return PairformerConfig(**self.knobs, dtype=by_run[ctx.dtype])
 
@@ -152,9 +125,12 @@ class PairformerWorkload:
             n_valid=shard.n_tokens,
         )
 
+    def autocast(self) -> torch.autocast:
+        """bf16 autocast when the config asks for it (weights stay float32)."""
+        return torch.autocast(self.device_type, dtype=torch.bfloat16, enabled=self.cfg.dtype == "bf16")
+
     def run_step(self, model: nn.Module, batch: PairformerBatch, train: bool) -> torch.Tensor:
-        autocast = torch.autocast(self.device_type, dtype=torch.bfloat16, enabled=self.cfg.dtype == "bf16")
-        with torch.set_grad_enabled(train), autocast:
+        with torch.set_grad_enabled(train), self.autocast():
             s, z = model(batch)
         if not train:
             return z

@@ -1,0 +1,287 @@
+"""Sequence-local atom attention (AlphaFold3 Algorithms 5, 6 and 7) with atoms sharded by token rows.
+
+Windows are defined on the global index of the real atoms, never on a rank's padded block: query
+block b holds atoms [32b, 32b + 32) and attends to keys [32b - 48, 32b + 80), so a layout cannot
+change which atoms see each other and every grid computes what one rank computes.
+
+A rank holds the real atoms [start, stop) of its token rows (then padding up to its block size).
+It works on the query blocks that overlap its atoms, [A, B) with A and B rounded out to 32; the
+keys of those blocks reach 48 atoms further each way. Those extra atoms (the halo) come from the
+ranks that own them, through one uneven all-to-all over the column group (which holds one rank
+per row block); the plan is a pure function of the per-block atom counts in the shard, so it costs
+no collective. Query positions in [A, B) that belong to a neighbour are computed and dropped; their
+atoms are owned and computed by the neighbour. In 2d the mesh columns each repeat the atom work
+for their row block (atoms replicate over mesh columns, as the fold inputs place them).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from cpbench.distributed.comm import all_reduce_sum, all_to_all_v, op_label
+from cpbench.distributed.grid import Grid
+from cpbench.inputs.contract import ATOM_NAME_LEN, NUM_ELEMENTS, NUM_NAME_CHARS
+from cpbench.models.fold.conditioned import ConditionedAttention, ConditionedTransition
+from cpbench.models.pairformer import PairLayout, ops
+from cpbench.models.pairformer.modules import LinearNoBias
+
+QUERIES, KEYS = 32, 128  # AF3's atom attention window: 32 queries, 128 keys centred on them
+HALO = (KEYS - QUERIES) // 2  # 48 atoms each side
+ATOM_FEATURES = 3 + 1 + 1 + NUM_ELEMENTS + ATOM_NAME_LEN * NUM_NAME_CHARS  # ref_pos, charge, mask, ...
+
+
+class AtomWindows:
+    """Where this rank's atoms sit among all real atoms, and the halo exchange that gives it the
+    keys of its windows. `bounds` are the real atoms before each row block and in all."""
+
+    def __init__(self, bounds: Sequence[int], grid: Grid, block: int):
+        rows = len(bounds) - 1
+        if rows != grid.rows:
+            raise ValueError(f"atom bounds for {rows} row blocks on a grid of {grid.rows} rows")
+        self.bounds, self.block, self.total = tuple(bounds), block, bounds[-1]
+        self.start, self.stop = bounds[grid.r], bounds[grid.r + 1]
+        self.lo, self.hi = self._span(grid.r)
+        self.n_windows = (self.hi - self.lo - 2 * HALO) // QUERIES
+        self.group = grid.col_group
+        if self.group is None:
+            return
+        # Group rank of each row block's owner in my column, and what moves between us.
+        owners = [dist.get_group_rank(self.group, grid.ranks[o][grid.c]) for o in range(rows)]
+        self.sends: list[range] = [range(0)] * rows  # my atoms that owner o's halo needs (local index)
+        self.recvs: list[int] = [0] * rows  # atoms that come from owner o
+        for o in range(rows):
+            if o == grid.r:
+                continue
+            lo, hi = self._span(o)
+            give = range(max(lo, self.start), min(hi, self.stop))
+            self.sends[owners[o]] = range(give.start - self.start, max(give.start, give.stop) - self.start)
+            self.recvs[owners[o]] = max(0, min(self.hi, bounds[o + 1]) - max(self.lo, bounds[o]))
+        self.owners = owners
+
+    def _span(self, r: int) -> tuple[int, int]:
+        """The global atom range [lo, hi) that row block r's windows touch (queries and keys)."""
+        start, stop = self.bounds[r], self.bounds[r + 1]
+        a = QUERIES * (start // QUERIES)
+        # At least one window, even for a block without atoms: every rank then runs the same ops,
+        # so the backward passes issue their collectives in the same order.
+        b = max(a + QUERIES, QUERIES * math.ceil(stop / QUERIES))
+        return a - HALO, b + HALO
+
+    @property
+    def real(self) -> torch.Tensor:
+        """[hi - lo] bool: which extended positions are real atoms."""
+        g = torch.arange(self.lo, self.hi)
+        return (g >= 0) & (g < self.total)
+
+    def extend(self, x: torch.Tensor) -> torch.Tensor:
+        """[block or more, ...] features of my atoms -> [hi - lo, ...] over the extended range: my
+        atoms, the halo from their owners, zeros outside [0, total)."""
+        mine = x[: self.stop - self.start]
+        tail = tuple(x.shape[1:])
+        pieces = [mine]
+        if self.group is not None:
+            sends = [mine[r.start : r.stop] for r in self.sends]
+            received = all_to_all_v(sends, [(n, *tail) for n in self.recvs], self.group)
+            before = [
+                received[self.owners[o]] for o in range(len(self.owners)) if self.bounds[o + 1] <= self.start
+            ]
+            after = [received[self.owners[o]] for o in range(len(self.owners)) if self.bounds[o] >= self.stop]
+            pieces = [p for p in before if len(p)] + [mine] + [p for p in after if len(p)]
+        left = max(0, min(self.hi, 0) - self.lo)
+        right = max(0, self.hi - max(self.lo, self.total))
+        return torch.cat([x.new_zeros(left, *tail), *pieces, x.new_zeros(right, *tail)])
+
+    def queries(self, ext: torch.Tensor) -> torch.Tensor:
+        """[hi - lo, ...] -> [W, 32, ...]: the query blocks."""
+        return ext[HALO : HALO + self.n_windows * QUERIES].unflatten(0, (self.n_windows, QUERIES))
+
+    def keys(self, ext: torch.Tensor) -> torch.Tensor:
+        """[hi - lo, ...] -> [W, 128, ...]: each query block's keys."""
+        return ext.unfold(0, KEYS, QUERIES).movedim(-1, 1)
+
+    def mine(self, windows: torch.Tensor) -> torch.Tensor:
+        """[W, 32, ...] per query -> [block, ...] for my atoms (padding rows zero)."""
+        flat = windows.flatten(0, 1)
+        first = self.start - self.lo - HALO
+        mine = flat[first : first + self.stop - self.start]
+        return F.pad(mine, (0, 0) * (mine.dim() - 1) + (0, self.block - mine.shape[0]))
+
+    def key_mask(self) -> torch.Tensor:
+        """[W, 1, 1, 128] additive mask: keys outside the real atoms are masked out."""
+        return (ops.MASK_BIAS * (self.keys(self.real.float()) - 1))[:, None, None, :]
+
+
+class AtomTransformer(nn.Module):
+    """Algorithm 7: conditioned attention blocks over the 32 x 128 windows, with a bias from the atom
+    pair representation of the windows, each followed by a conditioned transition."""
+
+    def __init__(self, c_atom: int, c_pair: int, n_blocks: int, heads: int):
+        super().__init__()
+        self.attention = nn.ModuleList(
+            ConditionedAttention(c_atom, c_atom, c_pair, heads) for _ in range(n_blocks)
+        )
+        self.transition = nn.ModuleList(ConditionedTransition(c_atom, c_atom) for _ in range(n_blocks))
+
+    def forward(
+        self, q: torch.Tensor, c_ext: torch.Tensor, p: torch.Tensor, windows: AtomWindows
+    ) -> torch.Tensor:
+        """q [block, c] my atoms; c_ext [hi - lo, c] the conditioning of the extended range;
+        p [W, 32, 128, c_pair]. Returns my atoms' q."""
+        key_mask = windows.key_mask().to(q.device)
+        c_q = windows.queries(c_ext)
+        for attention, transition in zip(self.attention, self.transition, strict=True):
+            q_ext = windows.extend(q)
+            x = attention.adaln(q_ext, c_ext)
+            query, g = attention.queries(windows.queries(x))
+            k, v = attention.keys_values(windows.keys(x))
+            part = ops.attention_partial(query, k, v, attention.pair_bias(p), key_mask)
+            a = windows.queries(q_ext) + attention.output(part, g, c_q)
+            a = a + transition(a, c_q)
+            q = windows.mine(a)
+        return q
+
+
+class AtomEncoder(nn.Module):
+    """Algorithm 5: per-atom features and atom-pair features of the windows, the atom transformer,
+    then the mean over each token's atoms. With trunk outputs (the diffusion module's encoder) the
+    atoms are also conditioned on s and z of their tokens and on their noisy positions."""
+
+    def __init__(self, c_atom: int, c_pair: int, c_token: int, n_blocks: int, heads: int,
+                 c_s: int | None = None, c_z: int | None = None):  # fmt: skip
+        super().__init__()
+        self.c_token = c_token
+        self.features = LinearNoBias(ATOM_FEATURES, c_atom)
+        self.offsets = LinearNoBias(3, c_pair)
+        self.inverse_distance = LinearNoBias(1, c_pair)
+        self.same_space = LinearNoBias(1, c_pair)
+        if c_s is not None and c_z is not None:
+            self.trunk_s = nn.Sequential(nn.LayerNorm(c_s), LinearNoBias(c_s, c_atom))
+            self.trunk_z = nn.Sequential(nn.LayerNorm(c_z), LinearNoBias(c_z, c_pair))
+            self.noisy_pos = LinearNoBias(3, c_atom)
+        self.query_single, self.key_single = LinearNoBias(c_atom, c_pair), LinearNoBias(c_atom, c_pair)
+        self.pair_mlp = nn.Sequential(
+            nn.ReLU(), LinearNoBias(c_pair, c_pair), nn.ReLU(), LinearNoBias(c_pair, c_pair),
+            nn.ReLU(), LinearNoBias(c_pair, c_pair),
+        )  # fmt: skip
+        self.transformer = AtomTransformer(c_atom, c_pair, n_blocks, heads)
+        self.to_token = LinearNoBias(c_atom, c_token)
+
+    @staticmethod
+    def atom_inputs(atoms: dict[str, torch.Tensor]) -> torch.Tensor:
+        return torch.cat(
+            [
+                atoms["ref_pos"],
+                atoms["ref_charge"][:, None],
+                atoms["atom_pad_mask"][:, None].float(),
+                F.one_hot(atoms["ref_element"], NUM_ELEMENTS).float(),
+                F.one_hot(atoms["ref_atom_name_chars"], NUM_NAME_CHARS).flatten(1).float(),
+            ],
+            dim=-1,
+        )
+
+    def forward(
+        self,
+        atoms: dict[str, torch.Tensor],
+        windows: AtomWindows,
+        rows: range,
+        trunk: tuple[torch.Tensor, torch.Tensor, PairLayout] | None = None,
+        noisy_pos: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """atoms: my atoms' features ([block, ...]); rows: my token rows. trunk: (s [h, c_s],
+        z [h, w, c_z], layout). Returns the token activations [h, c_token] and the skip tensors
+        (q [block, c], c_ext, p) for the decoder."""
+        token = atoms["atom_to_token"]
+        c = self.features(self.atom_inputs(atoms))
+        if trunk is not None:
+            s_trunk, z_trunk, layout = trunk
+            c = c + self.trunk_s(s_trunk)[token - rows.start]
+        # The halo's conditioning, positions and ids (each in its own dtype: ids stay exact).
+        c_ext = windows.extend(c)
+        pos_ext = windows.extend(atoms["ref_pos"])
+        ids_ext = windows.extend(torch.stack([atoms["ref_space_uid"], token], dim=-1))
+
+        # Atom-pair features of each window: [W, 32, 128, c_pair].
+        pos_q, pos_k = windows.queries(pos_ext)[:, :, None], windows.keys(pos_ext)[:, None]
+        uid_q, uid_k = windows.queries(ids_ext[:, 0])[:, :, None], windows.keys(ids_ext[:, 0])[:, None]
+        same = (uid_q == uid_k)[..., None].to(c.dtype)
+        d = pos_q - pos_k
+        p = self.offsets(d) * same
+        p = p + self.inverse_distance(1 / (1 + d.square().sum(-1, keepdim=True))) * same
+        p = p + self.same_space(same) * same
+        if trunk is not None:
+            p = p + self._trunk_pair(z_trunk, layout, ids_ext[:, 1], windows, rows)
+        c_q, c_k = windows.queries(c_ext), windows.keys(c_ext)
+        p = p + self.query_single(F.relu(c_q))[:, :, None] + self.key_single(F.relu(c_k))[:, None]
+        p = p + self.pair_mlp(p)
+
+        q = c if noisy_pos is None else c + self.noisy_pos(noisy_pos)
+        q = self.transformer(q, c_ext, p, windows)
+        a = _token_mean(F.relu(self.to_token(q)), token - rows.start, atoms["atom_pad_mask"], len(rows))
+        return a, (q, c_ext, p)
+
+    def _trunk_pair(
+        self, z: torch.Tensor, layout: PairLayout, token_ext: torch.Tensor, windows: AtomWindows, rows: range
+    ) -> torch.Tensor:
+        """LinearNoBias(LayerNorm(z[token(l), token(m)])) for every (query, key) atom pair of the
+        windows. Query atoms that are mine have their token in my rows; key tokens lie in a band
+        around them, spread over my row group's column blocks: each rank projects its block, keeps
+        the band's columns it holds, and a sum over the row group completes the band."""
+        n = z.shape[1] * layout.grid.cols
+        cols = layout.cols(n)
+        real = windows.real.to(token_ext.device)
+        band = range(int(token_ext[real].min()), int(token_ext[real].max()) + 1)
+        tok_q = windows.queries(token_ext)  # [W, 32]
+        tok_k = windows.keys(token_ext).clamp(band.start, band.stop - 1)  # [W, 128]; others are masked
+        projected = self.trunk_z(z)  # [h, w, c_pair]
+        held = range(max(band.start, cols.start), max(max(band.start, cols.start), min(band.stop, cols.stop)))
+        piece = projected.new_zeros(len(rows), len(band), projected.shape[-1])
+        if len(held):
+            piece = piece.index_copy(
+                1,
+                torch.arange(held.start - band.start, held.stop - band.start, device=z.device),
+                projected[:, held.start - cols.start : held.stop - cols.start],
+            )
+        piece = all_reduce_sum(piece, layout.grid.row_group)
+        # Queries that are not mine may have tokens outside my rows: clamp, they are dropped later.
+        row = (tok_q - rows.start).clamp(0, len(rows) - 1)[:, :, None]
+        return piece[row, (tok_k - band.start)[:, None, :]]
+
+
+def _token_mean(x: torch.Tensor, token: torch.Tensor, real: torch.Tensor, n_rows: int) -> torch.Tensor:
+    """Mean over each token's real atoms: [block, c] -> [n_rows, c] (tokens without atoms get 0)."""
+    weight = real.to(x.dtype)
+    total = x.new_zeros(n_rows, x.shape[-1]).index_add(0, token, x * weight[:, None])
+    count = x.new_zeros(n_rows).index_add(0, token, weight)
+    return total / count.clamp(min=1)[:, None]
+
+
+class AtomDecoder(nn.Module):
+    """Algorithm 6: token activations broadcast to their atoms, the atom transformer, then a
+    position update per atom."""
+
+    def __init__(self, c_atom: int, c_pair: int, c_token: int, n_blocks: int, heads: int):
+        super().__init__()
+        self.from_token = LinearNoBias(c_token, c_atom)
+        self.transformer = AtomTransformer(c_atom, c_pair, n_blocks, heads)
+        self.norm = nn.LayerNorm(c_atom)
+        self.to_pos = LinearNoBias(c_atom, 3)
+
+    def forward(
+        self,
+        a: torch.Tensor,
+        skip: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+        atoms: dict[str, torch.Tensor],
+        windows: AtomWindows,
+        rows: range,
+    ) -> torch.Tensor:
+        q_skip, c_ext, p = skip
+        q = self.from_token(a)[atoms["atom_to_token"] - rows.start] + q_skip
+        with op_label("diffusion.atom_decoder"):
+            q = self.transformer(q, c_ext, p, windows)
+        return self.to_pos(self.norm(q))

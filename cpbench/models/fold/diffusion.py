@@ -1,0 +1,191 @@
+"""The diffusion module (AlphaFold3 Algorithms 18-22): conditioning on the trunk, the denoiser
+(atom encoder, token transformer, atom decoder) and the sampler, sharded like the trunk.
+
+Token activations live with their token rows (replicated over the row group), atoms with their
+tokens (replicated over mesh columns in 2d), the pair conditioning in the pair block. Every random
+draw (initial noise, the noise of each step, a training noise level) is made over all real atoms
+from a generator seeded by the run's seed and step, then cut to this rank's atoms: the same
+numbers land on the same atoms on every grid.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from cpbench.distributed.comm import op_label
+from cpbench.models.fold.atoms import AtomDecoder, AtomEncoder, AtomWindows
+from cpbench.models.fold.conditioned import TokenTransformer
+from cpbench.models.pairformer import PairLayout
+from cpbench.models.pairformer.modules import LinearNoBias, Transition
+
+SIGMA_DATA = 16.0
+S_MAX, S_MIN, RHO = 160.0, 4e-4, 7.0  # the noise schedule of AF3 sampling
+GAMMA_0, GAMMA_MIN, NOISE_SCALE, STEP_SCALE = 0.8, 1.0, 1.003, 1.5
+
+
+@dataclass(frozen=True)
+class DiffusionSizes:
+    c_atom: int = 128
+    c_atom_pair: int = 16
+    c_token: int = 768
+    atom_blocks: int = 3
+    atom_heads: int = 4
+    token_blocks: int = 24
+    token_heads: int = 16
+    fourier: int = 256
+
+
+@dataclass
+class AtomContext:
+    """What the diffusion module needs of a rank's atoms, built once per batch."""
+
+    atoms: dict[str, torch.Tensor]  # my atoms' features [block, ...]
+    windows: AtomWindows
+    rows: range  # my token rows
+    seed: int
+
+    def noise(self, step: int, device: torch.device) -> torch.Tensor:
+        """Standard normal noise [block, 3] for my atoms (zero on padding), the same draw on every grid."""
+        gen = torch.Generator().manual_seed(self.seed * 1_000_003 + step)
+        full = torch.randn(self.windows.total, 3, generator=gen)
+        mine = full[self.windows.start : self.windows.stop]
+        out = torch.zeros(self.windows.block, 3)
+        out[: len(mine)] = mine
+        return out.to(device)
+
+
+def noise_schedule(steps: int) -> list[float]:
+    """Noise levels c_0 > ... > c_steps (Algorithm 18's schedule, times sigma_data)."""
+    levels = []
+    for i in range(steps + 1):
+        t = i / steps
+        levels.append(
+            SIGMA_DATA * (S_MAX ** (1 / RHO) + t * (S_MIN ** (1 / RHO) - S_MAX ** (1 / RHO))) ** RHO
+        )
+    return levels
+
+
+class FourierEmbedding(nn.Module):
+    """Algorithm 22: cos(2 pi (t w + b)) with w, b fixed at initialisation (from the model seed)."""
+
+    def __init__(self, c: int):
+        super().__init__()
+        self.register_buffer("w", torch.randn(c))
+        self.register_buffer("b", torch.randn(c))
+
+    def forward(self, t: torch.Tensor) -> torch.Tensor:
+        return torch.cos(2 * math.pi * (t * self.w + self.b))
+
+
+class DiffusionConditioning(nn.Module):
+    """Algorithm 21: pair conditioning from z_trunk and the relative position; single conditioning
+    from s_trunk, s_inputs and the noise level."""
+
+    def __init__(self, c_s: int, c_z: int, c_s_inputs: int, fourier: int):
+        super().__init__()
+        self.pair_in = nn.Sequential(nn.LayerNorm(2 * c_z), LinearNoBias(2 * c_z, c_z))
+        self.pair_transitions = nn.ModuleList(Transition(c_z, 2) for _ in range(2))
+        self.single_in = nn.Sequential(nn.LayerNorm(c_s + c_s_inputs), LinearNoBias(c_s + c_s_inputs, c_s))
+        self.fourier = FourierEmbedding(fourier)
+        self.noise_in = nn.Sequential(nn.LayerNorm(fourier), LinearNoBias(fourier, c_s))
+        self.single_transitions = nn.ModuleList(Transition(c_s, 2) for _ in range(2))
+
+    def pair(self, z_trunk: torch.Tensor, relpos: torch.Tensor) -> torch.Tensor:
+        """Independent of the noise level: computed once per sampling run."""
+        z = self.pair_in(torch.cat([z_trunk, relpos], dim=-1))
+        for transition in self.pair_transitions:
+            z = z + transition(z)
+        return z
+
+    def single(self, s_trunk: torch.Tensor, s_inputs: torch.Tensor, t_hat: float) -> torch.Tensor:
+        s = self.single_in(torch.cat([s_trunk, s_inputs], dim=-1))
+        level = torch.full((1,), 0.25 * math.log(t_hat / SIGMA_DATA), device=s.device)
+        s = s + self.noise_in(self.fourier(level))
+        for transition in self.single_transitions:
+            s = s + transition(s)
+        return s
+
+
+class DiffusionModule(nn.Module):
+    """Algorithm 20: the denoiser D(x_noisy, t_hat) on my atoms, conditioned on the trunk."""
+
+    def __init__(self, sizes: DiffusionSizes, c_s: int, c_z: int, c_s_inputs: int):
+        super().__init__()
+        self.conditioning = DiffusionConditioning(c_s, c_z, c_s_inputs, sizes.fourier)
+        args = (sizes.c_atom, sizes.c_atom_pair, sizes.c_token, sizes.atom_blocks, sizes.atom_heads)
+        self.encoder = AtomEncoder(*args, c_s=c_s, c_z=c_z)
+        self.single_to_token = nn.Sequential(nn.LayerNorm(c_s), LinearNoBias(c_s, sizes.c_token))
+        self.transformer = TokenTransformer(sizes.c_token, c_s, c_z, sizes.token_blocks, sizes.token_heads)
+        self.norm = nn.LayerNorm(sizes.c_token)
+        self.decoder = AtomDecoder(*args)
+
+    def forward(
+        self,
+        x_noisy: torch.Tensor,
+        t_hat: float,
+        trunk: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
+        mask: torch.Tensor,
+        layout: PairLayout,
+        atoms: AtomContext,
+    ) -> torch.Tensor:
+        """x_noisy [block, 3]; trunk: (s_inputs, s_trunk, z_trunk, z_cond). Returns x_denoised."""
+        s_inputs, s_trunk, z_trunk, z_cond = trunk
+        with op_label("diffusion.conditioning"):
+            s = self.conditioning.single(s_trunk, s_inputs, t_hat)
+        r_noisy = x_noisy / math.sqrt(t_hat**2 + SIGMA_DATA**2)
+        with op_label("diffusion.atom_encoder"):
+            a, skip = self.encoder(
+                atoms.atoms, atoms.windows, atoms.rows, trunk=(s_trunk, z_trunk, layout), noisy_pos=r_noisy
+            )
+        a = a + self.single_to_token(s)
+        a = self.norm(self.transformer(a, s, z_cond, mask, layout))
+        r_update = self.decoder(a, skip, atoms.atoms, atoms.windows, atoms.rows)
+        scale = SIGMA_DATA**2 + t_hat**2
+        return SIGMA_DATA**2 / scale * x_noisy + SIGMA_DATA * t_hat / math.sqrt(scale) * r_update
+
+    def sample(
+        self,
+        steps: int,
+        trunk: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
+        mask: torch.Tensor,
+        layout: PairLayout,
+        atoms: AtomContext,
+    ) -> torch.Tensor:
+        """Algorithm 18 without the random rigid augmentation: `steps` denoising steps from noise."""
+        levels = noise_schedule(steps)
+        real = atoms.atoms["atom_pad_mask"][:, None].to(trunk[1].dtype)
+        device = real.device
+        x = levels[0] * atoms.noise(0, device) * real
+        for step, (c_prev, c) in enumerate(zip(levels[:-1], levels[1:], strict=True), start=1):
+            gamma = GAMMA_0 if c > GAMMA_MIN else 0.0
+            t_hat = c_prev * (gamma + 1)
+            xi = NOISE_SCALE * math.sqrt(t_hat**2 - c_prev**2) * atoms.noise(step, device) * real
+            x_noisy = x + xi
+            x_denoised = self(x_noisy, t_hat, trunk, mask, layout, atoms)
+            delta = (x_noisy - x_denoised) / t_hat
+            x = (x_noisy + STEP_SCALE * (c - t_hat) * delta) * real
+        return x
+
+    def denoising_loss(
+        self,
+        trunk: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
+        mask: torch.Tensor,
+        layout: PairLayout,
+        atoms: AtomContext,
+    ) -> torch.Tensor:
+        """One training denoising step on the reference positions as ground truth: AF3's weighted
+        MSE at a noise level drawn from the seed. This rank's share: its real atoms, divided over the
+        mesh columns that repeat them."""
+        gen = torch.Generator().manual_seed(atoms.seed * 1_000_003 - 1)
+        sigma = SIGMA_DATA * math.exp(-1.2 + 1.5 * torch.randn(1, generator=gen).item())
+        real = atoms.atoms["atom_pad_mask"][:, None].float()
+        x_true = atoms.atoms["ref_pos"] * real
+        x_noisy = x_true + sigma * atoms.noise(-1, real.device) * real
+        x_denoised = self(x_noisy, sigma, trunk, mask, layout, atoms)
+        weight = (sigma**2 + SIGMA_DATA**2) / (sigma * SIGMA_DATA) ** 2
+        squared = ((x_denoised.float() - x_true).square() * real).sum()
+        return weight * squared / (3 * max(atoms.windows.total, 1) * layout.grid.cols)

@@ -1,0 +1,88 @@
+"""The fold model (AlphaFold3 Algorithm 1 without templates and confidence heads): input
+embedder, recycled trunk (MSA module, Pairformer), diffusion sampling or one denoising step.
+
+Each rank holds its token rows (s, s_inputs), its pair block (z) and the atoms of its token rows;
+see docs/fold.md for what each op communicates.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from cpbench.distributed.comm import op_label
+from cpbench.models.embeddings import RelativePosition, token_features
+from cpbench.models.fold.atoms import AtomEncoder
+from cpbench.models.fold.config import FoldConfig
+from cpbench.models.fold.diffusion import AtomContext, DiffusionModule
+from cpbench.models.fold.msa import MSAModule
+from cpbench.models.pairformer import PairformerStack, PairLayout
+from cpbench.models.pairformer.modules import LinearNoBias
+
+
+@dataclass
+class FoldBatch:
+    rows: dict[str, torch.Tensor]  # token features of my row tokens [N/rows, ...]
+    cols: dict[str, torch.Tensor]  # ... and of my column tokens [N/cols, ...]
+    bonds: torch.Tensor  # [N/rows, N/cols] token_bonds block
+    mask: torch.Tensor  # [N] float token mask of every (padded) token
+    msa: dict[str, torch.Tensor]  # the MSA columns of my row tokens [S, N/rows]
+    atoms: AtomContext  # my atoms and their windows
+    n_valid: int  # real tokens
+
+
+class FoldModel(nn.Module):
+    def __init__(self, cfg: FoldConfig, layout: PairLayout):
+        super().__init__()
+        self.cfg, self.layout = cfg, layout
+        c_s, c_z, c_in, d = cfg.pairformer.c_s, cfg.pairformer.c_z, cfg.c_s_inputs, cfg.diffusion
+        self.input_encoder = AtomEncoder(d.c_atom, d.c_atom_pair, c_s, cfg.input_atom_blocks, d.atom_heads)
+        self.s_init = LinearNoBias(c_in, c_s)
+        self.z_left, self.z_right = LinearNoBias(c_in, c_z), LinearNoBias(c_in, c_z)
+        self.relpos = RelativePosition(c_z)
+        self.recycle_s = nn.Sequential(nn.LayerNorm(c_s), LinearNoBias(c_s, c_s))
+        self.recycle_z = nn.Sequential(nn.LayerNorm(c_z), LinearNoBias(c_z, c_z))
+        self.msa = MSAModule(cfg.msa)
+        self.pairformer = PairformerStack(cfg.pairformer)
+        self.diffusion = DiffusionModule(d, c_s, c_z, c_in)
+
+    def trunk(self, batch: FoldBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(s_inputs, s, z, relpos) after the last recycling pass."""
+        layout, n = self.layout, batch.mask.shape[0]
+        rows = layout.rows(n)
+        with op_label("input.atom_encoder"):
+            a, _ = self.input_encoder(batch.atoms.atoms, batch.atoms.windows, rows)
+        with op_label("input.embedding"):
+            s_inputs = torch.cat([a, token_features(batch.rows).to(a.dtype)], dim=-1)
+            relpos = self.relpos(batch.rows, batch.cols, batch.bonds)
+            z_init = self.z_left(s_inputs)[:, None] + self.z_right(layout.col_tokens(s_inputs, n))[None]
+            z_init = z_init + relpos
+            s_init = self.s_init(s_inputs)
+        s, z = torch.zeros_like(s_init), torch.zeros_like(z_init)
+        grad = torch.is_grad_enabled()
+        for cycle in range(self.cfg.n_cycles):
+            with torch.set_grad_enabled(grad and cycle == self.cfg.n_cycles - 1):
+                with op_label("input.recycling"):
+                    z = z_init + self.recycle_z(z)
+                    s = s_init + self.recycle_s(s)
+                z = self.msa(batch.msa, s_inputs, z, batch.mask, layout)
+                s, z = self.pairformer(s, z, batch.mask, layout)
+        return s_inputs, s, z, relpos
+
+    def conditioned_trunk(self, batch: FoldBatch) -> tuple[torch.Tensor, ...]:
+        s_inputs, s, z, relpos = self.trunk(batch)
+        with op_label("diffusion.conditioning"):
+            z_cond = self.diffusion.conditioning.pair(z, relpos)
+        return s_inputs, s, z, z_cond
+
+    def sample(self, batch: FoldBatch) -> torch.Tensor:
+        """Positions [atom block, 3] of my atoms after `sampling_steps` denoising steps."""
+        trunk = self.conditioned_trunk(batch)
+        return self.diffusion.sample(self.cfg.sampling_steps, trunk, batch.mask, self.layout, batch.atoms)
+
+    def loss(self, batch: FoldBatch) -> torch.Tensor:
+        """This rank's share of the denoising loss of one training step."""
+        trunk = self.conditioned_trunk(batch)
+        return self.diffusion.denoising_loss(trunk, batch.mask, self.layout, batch.atoms)

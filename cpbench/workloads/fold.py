@@ -1,0 +1,105 @@
+"""Built-in workload: the AlphaFold3 fold model (input embedder with atom attention, recycled MSA
+module and Pairformer, diffusion) with 1d or 2d context parallelism; see docs/fold.md.
+
+Inference: the trunk, then `sampling_steps` diffusion steps from noise; the output is my atoms'
+positions (on mesh column 0 only: the columns repeat the atoms). Training: the trunk and one
+denoising step on the reference positions, with AF3's weighted MSE; the driver runs backward,
+sums replicated gradients and steps AdamW. All knobs of the pairformer workload apply to the
+Pairformer stack; `n_blocks` is its depth.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from cpbench.distributed.grid import Grid
+from cpbench.inputs import fold_inputs
+from cpbench.models.embeddings import TOKEN_FEATURES
+from cpbench.models.fold.atoms import AtomWindows
+from cpbench.models.fold.config import FoldConfig
+from cpbench.models.fold.diffusion import AtomContext, DiffusionSizes
+from cpbench.models.fold.model import FoldBatch, FoldModel
+from cpbench.models.fold.msa import MSAConfig
+from cpbench.models.pairformer import PairformerConfig, PairLayout
+from cpbench.workloads.base import RankContext, Shape
+from cpbench.workloads.pairformer import PairformerWorkload
+
+
+class FoldWorkload(PairformerWorkload):
+    """Sizes default to AlphaFold3's (configs/workload/fold.yaml); fold_small is the CPU preset."""
+
+    name = "fold"
+
+    def __init__(
+        self,
+        msa_blocks: int = 4,
+        c_m: int = 64,
+        opm_hidden: int = 32,
+        pwa_heads: int = 8,
+        pwa_width: int = 8,
+        c_atom: int = 128,
+        c_atom_pair: int = 16,
+        c_token: int = 768,
+        input_atom_blocks: int = 3,
+        atom_blocks: int = 3,
+        atom_heads: int = 4,
+        token_blocks: int = 24,
+        token_heads: int = 16,
+        fourier: int = 256,
+        n_cycles: int = 4,
+        sampling_steps: int = 200,
+        **pairformer,
+    ):
+        super().__init__(**pairformer)
+        self.msa_knobs = dict(c_m=c_m, n_blocks=msa_blocks, opm_hidden=opm_hidden, pwa_heads=pwa_heads,
+                              pwa_width=pwa_width)  # fmt: skip
+        self.sizes = DiffusionSizes(c_atom=c_atom, c_atom_pair=c_atom_pair, c_token=c_token,
+                                    atom_blocks=atom_blocks, atom_heads=atom_heads, token_blocks=token_blocks,
+                                    token_heads=token_heads, fourier=fourier)  # fmt: skip
+        self.loop = dict(
+            input_atom_blocks=input_atom_blocks, n_cycles=n_cycles, sampling_steps=sampling_steps
+        )
+        self.fold = self._fold_config(self.cfg)  # fails early, by knob name
+
+    def _fold_config(self, pf: PairformerConfig) -> FoldConfig:
+        msa = MSAConfig(
+            **self.msa_knobs, c_z=pf.c_z, c_s_inputs=pf.c_s + TOKEN_FEATURES,
+            tri_mul_hidden=pf.tri_mul_hidden, tri_heads=pf.tri_heads, tri_head_width=pf.tri_head_width,
+            transition_factor=pf.transition_factor, chunk_size=pf.chunk_size,
+        )  # fmt: skip
+        return FoldConfig(pairformer=pf, msa=msa, diffusion=self.sizes, **self.loop)
+
+    def build_model(self, ctx: RankContext) -> nn.Module:
+        self.cfg = self._config(ctx)
+        self.fold = self._fold_config(self.cfg)
+        self.device_type = ctx.device.type
+        torch.manual_seed(ctx.seed)  # identical replicated weights on every rank
+        model = FoldModel(self.fold, PairLayout(Grid.from_context(ctx)))
+        return model.to(ctx.device)  # weights stay float32; bf16 is autocast
+
+    def build_batch(self, shape: Shape, ctx: RankContext) -> FoldBatch:
+        shard = fold_inputs(shape, ctx).to(ctx.device)
+        n = shard.n_tokens_padded
+        grid = Grid.from_context(ctx)
+        windows = AtomWindows(shard.atom_bounds, grid, shard.atom_block)
+        return FoldBatch(
+            rows=shard.row_tokens,
+            cols=shard.col_tokens,
+            bonds=shard.pair["token_bonds"],
+            mask=(torch.arange(n, device=ctx.device) < shard.n_tokens).float(),  # padding is last
+            msa=shard.msa,
+            atoms=AtomContext(shard.atoms, windows, range(shard.rows.start, shard.rows.stop), ctx.seed),
+            n_valid=shard.n_tokens,
+        )
+
+    def columns(self, train: bool) -> dict[str, int]:
+        """Recorded in results.csv: a training step runs one denoising step instead of sampling."""
+        return {"sampling_steps": 0 if train else self.fold.sampling_steps, "n_cycles": self.fold.n_cycles}
+
+    def run_step(self, model: nn.Module, batch: FoldBatch, train: bool) -> torch.Tensor:
+        with torch.set_grad_enabled(train), self.autocast():
+            if train:
+                return model.loss(batch)
+            positions = model.sample(batch)
+        return positions if model.layout.grid.c == 0 else positions[:0]

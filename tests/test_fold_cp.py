@@ -1,0 +1,77 @@
+"""The fold workload in 1d and 2d context parallelism equals its one-rank self: the denoising loss,
+every parameter's gradient (summed over ranks, as the driver does), and the sampled positions of
+each rank's atoms. Windows cross every shard border (a few tokens per rank, ~10 atoms per token),
+and the cp=4 case has a row block of padding only, hence no atoms at all."""
+
+from __future__ import annotations
+
+import traceback
+
+import pytest
+import torch
+import torch.distributed as dist
+from test_pairformer_cp import rank_context, report, spawn
+
+from cpbench.distributed.comm import all_reduce_sum
+from cpbench.workloads.base import RankContext, Shape, Topology
+from cpbench.workloads.fold import FoldWorkload
+
+TINY = dict(c_s=16, c_z=8, n_blocks=1, tri_mul_hidden=8, tri_heads=2, tri_head_width=4, single_heads=2,
+            msa_blocks=1, c_m=8, opm_hidden=4, pwa_heads=2, pwa_width=4, c_atom=16, c_atom_pair=8, c_token=16,
+            input_atom_blocks=1, atom_blocks=1, atom_heads=2, token_blocks=1, token_heads=2, fourier=8,
+            n_cycles=2, sampling_steps=2)  # fmt: skip
+
+
+def one_rank(ctx: RankContext) -> RankContext:
+    one = Topology("1d", 1, (1, 1))
+    return RankContext(0, 1, 0, ctx.device, None, one, ctx.dtype, ctx.seed, (0, 0), None, None)
+
+
+def _fold_rank(rank: int, world: int, tmp: str, kind: str, grid: tuple[int, int], shape: Shape) -> None:
+    failures: list[str] = []
+
+    def check(what, actual, expected):
+        try:
+            torch.testing.assert_close(actual, expected)
+        except AssertionError as err:
+            failures.append(f"rank {rank}: {what}: {err}")
+
+    try:
+        ctx = rank_context(rank, world, tmp, kind, grid)
+        runs = []
+        for c in (one_rank(ctx), ctx):
+            workload = FoldWorkload(**TINY)
+            model = workload.build_model(c)
+            batch = workload.build_batch(shape, c)
+            params = list(model.parameters())
+            loss = workload.run_step(model, batch, train=True)
+            grads = torch.autograd.grad(loss, params, allow_unused=True)
+            grads = [torch.zeros_like(p) if g is None else g for p, g in zip(params, grads, strict=True)]
+            positions = model.sample(batch)
+            runs.append((loss.detach(), grads, positions, batch.atoms.windows))
+        (loss1, grads1, x1, _), (share, grads, x, windows) = runs
+        check("loss", all_reduce_sum(share, dist.group.WORLD), loss1)
+        for i, (g, g1) in enumerate(zip(grads, grads1, strict=True)):
+            check(f"grad of parameter {i}", all_reduce_sum(g, dist.group.WORLD), g1)
+        mine = windows.stop - windows.start
+        check("positions", x[:mine], x1[windows.start : windows.stop])
+        check("padding atoms", x[mine:], torch.zeros_like(x[mine:]))
+    except Exception:
+        failures.append(f"rank {rank}: {traceback.format_exc()}")
+    finally:
+        report(tmp, rank, failures)
+
+
+CASES = {
+    "1d-2": ("1d", (2, 1), Shape(11, 120, 3)),
+    "1d-4": ("1d", (4, 1), Shape(9, 100, 3)),  # padded to 12: the last row block is all padding
+    "2d-2x2": ("2d", (2, 2), Shape(11, 120, 3)),
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_fold_cp_equals_one_rank(case: str) -> None:
+    kind, grid, shape = CASES[case]
+    reports = spawn(_fold_rank, grid[0] * grid[1], kind, grid, shape)
+    failures = [line for r in reports for line in r]
+    assert not failures, "\n".join(failures)
