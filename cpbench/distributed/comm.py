@@ -61,24 +61,52 @@ class CommLedger:
 LEDGER = CommLedger()
 
 
+@dataclass
+class OpClock:
+    """Wall time per op label, exclusive of the labels nested inside it: where a forward's time
+    goes, compute and communication together. Off unless a benchmark turns it on, because each
+    label boundary then synchronizes the GPU."""
+
+    enabled: bool = False
+    seconds: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    nested: list[float] = field(default_factory=list)  # time of the labels inside each open one
+
+
+CLOCK = OpClock()
+
+
+def _sync() -> None:
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+
+
 @contextmanager
 def op_label(name: str) -> Iterator[None]:
-    """Attribute the collectives issued inside (forward and the backward they create) to `name`."""
+    """Attribute the collectives issued inside (forward and the backward they create) to `name`,
+    and with the clock on, the wall time spent inside too."""
     previous, LEDGER.label = LEDGER.label, name
+    timed = CLOCK.enabled
+    if timed:
+        _sync()
+        CLOCK.nested.append(0.0)
+        start = time.perf_counter()
     try:
         yield
     finally:
         LEDGER.label = previous
+        if timed:
+            _sync()
+            elapsed = time.perf_counter() - start
+            CLOCK.seconds[name] += elapsed - CLOCK.nested.pop()
+            if CLOCK.nested:
+                CLOCK.nested[-1] += elapsed
 
 
 def _account(label: str, nbytes: float, run) -> None:
-    on_cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
-    if on_cuda:
-        torch.cuda.synchronize()
+    _sync()
     start = time.perf_counter()
     run()
-    if on_cuda:
-        torch.cuda.synchronize()
+    _sync()
     LEDGER.seconds[label] += time.perf_counter() - start
     LEDGER.bytes_sent[label] += int(nbytes)
     LEDGER.calls[label] += 1

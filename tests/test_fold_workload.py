@@ -1,0 +1,54 @@
+"""The fold workload through the real entry points: N_atoms and MSA depth are real axes (they change
+the work and the result), the sampling steps are recorded, 2d training runs, and a bad size fails by
+name before any rank starts work."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import FAST, cpbench, ok, results, torchrun
+from test_fold_cp import TINY
+
+from cpbench.workloads.fold import FoldWorkload
+
+SIZES = [f"workload.{key}={value}" for key, value in TINY.items()]
+
+
+def test_torchrun_sweeps_atoms_and_msa_depth(tmp_path) -> None:
+    out = tmp_path / "out"
+    ok(torchrun(2, "workload=fold_small", *SIZES, *FAST, "sweep.n_tokens=[16]", "sweep.n_atoms=[64,160]",
+                "sweep.msa_depth=[2,8]", f"output_dir={out}", cwd=tmp_path, timeout=300))  # fmt: skip
+    frame = results(out)
+    points = frame[frame["kind"] == "point"]
+    assert len(points) == 4 and set(points["status"]) == {"ok"}, frame.to_dict("records")
+    assert set(points["workload"]) == {"fold"}
+    assert set(points["sampling_steps"]) == {TINY["sampling_steps"]}
+    assert set(points["n_cycles"]) == {TINY["n_cycles"]}
+    assert sorted(set(points["N_atoms"])) == [64, 160] and sorted(set(points["MSA_depth"])) == [2, 8]
+    # Each axis changes the sampled positions.
+    assert points["checksum"].nunique() == 4, points[["N_atoms", "MSA_depth", "checksum"]]
+
+
+def test_cli_training_2d(tmp_path) -> None:
+    out = tmp_path / "out"
+    ok(cpbench("workload=fold_small", *SIZES, *FAST, "workflow=training", "topology.kind=2d", "topology.cp=4",
+               "sweep.n_tokens=[14]", "sweep.n_atoms=[120]", "sweep.msa_depth=[3]", f"output_dir={out}",
+               cwd=tmp_path, timeout=300))  # fmt: skip
+    frame = results(out)
+    point = frame[frame["kind"] == "point"]
+    assert list(point["status"]) == ["ok"], frame.to_dict("records")
+    assert list(point["sampling_steps"]) == [0]  # training: one denoising step, no sampling
+    assert point["backward_ms"].iloc[0] > 0 and point["comm_ms"].iloc[0] > 0
+
+
+@pytest.mark.parametrize(
+    ("knob", "value", "words"),
+    [
+        ("atom_heads", 3, "atom_heads=3: must divide c_atom=16"),
+        ("sampling_steps", 0, "sampling_steps=0: must be a positive integer"),
+        ("msa_blocks", 0, "n_blocks=0: must be a positive integer"),
+        ("token_heads", 5, "token_heads=5: must divide c_token=16"),
+    ],
+)
+def test_bad_size_fails_by_name(knob: str, value: int, words: str) -> None:
+    with pytest.raises(ValueError, match=words):
+        FoldWorkload(**{**TINY, knob: value})
