@@ -5,12 +5,15 @@ name before any rank starts work."""
 from __future__ import annotations
 
 import pytest
+import torch
 from conftest import FAST, cpbench, ok, results, torchrun
 from test_fold_cp import TINY
 
+from cpbench.workloads.base import RankContext, Shape, Topology
 from cpbench.workloads.fold import FoldWorkload
 
-SIZES = [f"workload.{key}={value}" for key, value in TINY.items()]
+SIZES = [f"workload.{key}={value}" for key, value in TINY.items() if key != "sampling"]
+SIZES.append(f"workload.sampling.steps={TINY['sampling']['steps']}")
 
 
 def test_torchrun_sweeps_atoms_and_msa_depth(tmp_path) -> None:
@@ -21,7 +24,7 @@ def test_torchrun_sweeps_atoms_and_msa_depth(tmp_path) -> None:
     points = frame[frame["kind"] == "point"]
     assert len(points) == 4 and set(points["status"]) == {"ok"}, frame.to_dict("records")
     assert set(points["workload"]) == {"fold"}
-    assert set(points["sampling_steps"]) == {TINY["sampling_steps"]}
+    assert set(points["sampling_steps"]) == {TINY["sampling"]["steps"]}
     assert set(points["n_cycles"]) == {TINY["n_cycles"]}
     assert sorted(set(points["N_atoms"])) == [64, 160] and sorted(set(points["MSA_depth"])) == [2, 8]
     # Each axis changes the sampled positions.
@@ -44,11 +47,27 @@ def test_cli_training_2d(tmp_path) -> None:
     ("knob", "value", "words"),
     [
         ("atom_heads", 3, "atom_heads=3: must divide c_atom=16"),
-        ("sampling_steps", 0, "sampling_steps=0: must be a positive integer"),
+        ("sampling", {"steps": 0}, "sampling_steps=0: must be a positive integer"),
+        ("sampling", {"step": 2}, "the sampler takes one setting, `steps`"),
         ("msa_blocks", 0, "n_blocks=0: must be a positive integer"),
         ("token_heads", 5, "token_heads=5: must divide c_token=16"),
     ],
 )
-def test_bad_size_fails_by_name(knob: str, value: int, words: str) -> None:
+def test_bad_size_fails_by_name(knob: str, value: object, words: str) -> None:
     with pytest.raises(ValueError, match=words):
         FoldWorkload(**{**TINY, knob: value})
+
+
+def test_bf16_follows_the_run_dtype() -> None:
+    """bf16 autocast over the whole model (weights stay float32); atom ids and positions keep their
+    own dtypes through the halo, so the windows are the same."""
+    one = Topology("1d", 1, (1, 1))
+    ctx = RankContext(0, 1, 0, torch.device("cpu"), None, one, torch.bfloat16, 0, (0, 0), None, None)
+    workload = FoldWorkload(**TINY)
+    model = workload.build_model(ctx)
+    assert workload.cfg.dtype == "bf16" and all(p.dtype == torch.float32 for p in model.parameters())
+    batch = workload.build_batch(Shape(20, 150, 3), ctx)
+    assert torch.isfinite(workload.run_step(model, batch, train=False)).all()
+    loss = workload.run_step(model, batch, train=True)
+    loss.backward()
+    assert torch.isfinite(loss)

@@ -1,7 +1,7 @@
 """Built-in workload: the AlphaFold3 fold model (input embedder with atom attention, recycled MSA
 module and Pairformer, diffusion) with 1d or 2d context parallelism; see docs/fold.md.
 
-Inference: the trunk, then `sampling_steps` diffusion steps from noise; the output is my atoms'
+Inference: the trunk, then `sampling.steps` diffusion steps from noise; the output is my atoms'
 positions (on mesh column 0 only: the columns repeat the atoms). Training: the trunk and one
 denoising step on the reference positions, with AF3's weighted MSE; the driver runs backward,
 sums replicated gradients and steps AdamW. All knobs of the pairformer workload apply to the
@@ -9,6 +9,8 @@ Pairformer stack; `n_blocks` is its depth.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 import torch
 from torch import nn
@@ -48,7 +50,7 @@ class FoldWorkload(PairformerWorkload):
         token_heads: int = 16,
         fourier: int = 256,
         n_cycles: int = 4,
-        sampling_steps: int = 200,
+        sampling: Mapping[str, int] | None = None,
         **pairformer,
     ):
         super().__init__(**pairformer)
@@ -57,9 +59,11 @@ class FoldWorkload(PairformerWorkload):
         self.sizes = DiffusionSizes(c_atom=c_atom, c_atom_pair=c_atom_pair, c_token=c_token,
                                     atom_blocks=atom_blocks, atom_heads=atom_heads, token_blocks=token_blocks,
                                     token_heads=token_heads, fourier=fourier)  # fmt: skip
-        self.loop = dict(
-            input_atom_blocks=input_atom_blocks, n_cycles=n_cycles, sampling_steps=sampling_steps
-        )
+        sampling = {"steps": 200} if sampling is None else sampling
+        if not isinstance(sampling, Mapping) or set(sampling) != {"steps"}:
+            raise ValueError(f"sampling={sampling}: the sampler takes one setting, `steps`")
+        steps = sampling["steps"]
+        self.loop = dict(input_atom_blocks=input_atom_blocks, n_cycles=n_cycles, sampling_steps=steps)
         self.fold = self._fold_config(self.cfg)  # fails early, by knob name
 
     def _fold_config(self, pf: PairformerConfig) -> FoldConfig:
