@@ -1,7 +1,8 @@
 """The fold workload in 1d and 2d context parallelism equals its one-rank self: the denoising loss,
 every parameter's gradient (summed over ranks, as the driver does), and the sampled positions of
 each rank's atoms. Windows cross every shard border (a few tokens per rank, ~10 atoms per token),
-and the cp=4 case has a row block of padding only, hence no atoms at all."""
+the cp=4 case has a row block of padding only, hence no atoms at all, and on the 2d grids the atoms of
+a row block are split over its mesh row (a token's atoms may span two ranks)."""
 
 from __future__ import annotations
 
@@ -66,6 +67,7 @@ CASES = {
     "1d-2": ("1d", (2, 1), Shape(11, 120, 3)),
     "1d-4": ("1d", (4, 1), Shape(9, 100, 3)),  # padded to 12: the last row block is all padding
     "2d-2x2": ("2d", (2, 2), Shape(11, 120, 3)),
+    "2d-1x2": ("2d", (1, 2), Shape(11, 120, 3)),  # one row block: its atoms split over the two ranks
 }
 
 

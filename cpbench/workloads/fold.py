@@ -2,10 +2,9 @@
 module and Pairformer, diffusion) with 1d or 2d context parallelism; see docs/fold.md.
 
 Inference: the trunk, then `sampling.steps` diffusion steps from noise; the output is my atoms'
-positions (on mesh column 0 only: the columns repeat the atoms). Training: the trunk and one
-denoising step on the reference positions, with AF3's weighted MSE; the driver runs backward,
-sums replicated gradients and steps AdamW. All knobs of the pairformer workload apply to the
-Pairformer stack; `n_blocks` is its depth.
+positions. Training: the trunk and one denoising step on the reference positions, with AF3's
+weighted MSE; the driver runs backward, sums replicated gradients and steps AdamW. All knobs of
+the pairformer workload apply to the Pairformer stack; `n_blocks` is its depth.
 """
 
 from __future__ import annotations
@@ -85,15 +84,15 @@ class FoldWorkload(PairformerWorkload):
     def build_batch(self, shape: Shape, ctx: RankContext) -> FoldBatch:
         shard = fold_inputs(shape, ctx).to(ctx.device)
         n = shard.n_tokens_padded
-        grid = Grid.from_context(ctx)
-        windows = AtomWindows(shard.atom_bounds, grid, shard.atom_block)
+        windows, slots = AtomWindows.of_grid(shard.atom_bounds, Grid.from_context(ctx), shard.atom_block)
+        atoms = {name: values[slots].clone() for name, values in shard.atoms.items()}  # mine alone
         return FoldBatch(
             rows=shard.row_tokens,
             cols=shard.col_tokens,
             bonds=shard.pair["token_bonds"],
             mask=(torch.arange(n, device=ctx.device) < shard.n_tokens).float(),  # padding is last
             msa=shard.msa,
-            atoms=AtomContext(shard.atoms, windows, range(shard.rows.start, shard.rows.stop), ctx.seed),
+            atoms=AtomContext(atoms, windows, range(shard.rows.start, shard.rows.stop), ctx.seed),
             n_valid=shard.n_tokens,
         )
 
@@ -105,5 +104,4 @@ class FoldWorkload(PairformerWorkload):
         with torch.set_grad_enabled(train), self.autocast():
             if train:
                 return model.loss(batch)
-            positions = model.sample(batch)
-        return positions if model.layout.grid.c == 0 else positions[:0]
+            return model.sample(batch)

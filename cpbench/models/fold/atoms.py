@@ -4,14 +4,15 @@ Windows are defined on the global index of the real atoms, never on a rank's pad
 block b holds atoms [32b, 32b + 32) and attends to keys [32b - 48, 32b + 80), so a layout cannot
 change which atoms see each other and every grid computes what one rank computes.
 
-A rank holds the real atoms [start, stop) of its token rows (then padding up to its block size).
-It works on the query blocks that overlap its atoms, [A, B) with A and B rounded out to 32; the
-keys of those blocks reach 48 atoms further each way. Those extra atoms (the halo) come from the
-ranks that own them, through one uneven all-to-all over the column group (which holds one rank
-per row block); the plan is a pure function of the per-block atom counts in the shard, so it costs
-no collective. Query positions in [A, B) that belong to a neighbour are computed and dropped; their
-atoms are owned and computed by the neighbour. In 2d the mesh columns each repeat the atom work
-for their row block (atoms replicate over mesh columns, as the fold inputs place them).
+Atoms live with their tokens: the atoms of row block r's tokens are split evenly over the cols
+ranks of mesh row r, so every rank of the grid holds its own contiguous run of real atoms [start,
+stop) (then padding up to its block size), in row-major rank order. A rank works on the query
+blocks that overlap its atoms, [A, B) with A and B rounded out to 32; the keys of those blocks reach
+48 atoms further each way. Those extra atoms (the halo) come from the ranks that own them, through
+one uneven all-to-all; the plan is a pure function of the per-row-block atom counts in the shard, so
+it costs no collective. Query positions in [A, B) that belong to a neighbour are computed and
+dropped. A token's atoms may span ranks of its mesh row, so the atom-to-token mean sums over the
+row group.
 """
 
 from __future__ import annotations
@@ -38,35 +39,63 @@ ATOM_FEATURES = 3 + 1 + 1 + NUM_ELEMENTS + ATOM_NAME_LEN * NUM_NAME_CHARS  # ref
 
 class AtomWindows:
     """Where this rank's atoms sit among all real atoms, and the halo exchange that gives it the
-    keys of its windows. `bounds` are the real atoms before each row block and in all."""
+    keys of its windows. The atoms are cut into shards, one per rank, in order: `bounds` holds the
+    real atoms before each shard and in all, `owners` each shard's rank in `group` (None: one rank).
+    `block` is the slots a rank holds (its real atoms, then padding); `row_group` the ranks that
+    share its token rows, which together hold all atoms of those tokens."""
 
-    def __init__(self, bounds: Sequence[int], grid: Grid, block: int):
-        rows = len(bounds) - 1
-        if rows != grid.rows:
-            raise ValueError(f"atom bounds for {rows} row blocks on a grid of {grid.rows} rows")
+    def __init__(
+        self,
+        bounds: Sequence[int],
+        index: int,
+        block: int,
+        owners: Sequence[int] | None = None,
+        group: dist.ProcessGroup | None = None,
+        row_group: dist.ProcessGroup | None = None,
+    ):
         self.bounds, self.block, self.total = tuple(bounds), block, bounds[-1]
-        self.start, self.stop = bounds[grid.r], bounds[grid.r + 1]
-        self.lo, self.hi = self._span(grid.r)
+        self.start, self.stop = bounds[index], bounds[index + 1]
+        self.lo, self.hi = self._span(index)
         self.n_windows = (self.hi - self.lo - 2 * HALO) // QUERIES
-        self.group = grid.col_group
-        if self.group is None:
-            return
-        # Group rank of each row block's owner in my column, and what moves between us.
-        owners = [dist.get_group_rank(self.group, grid.ranks[o][grid.c]) for o in range(rows)]
-        self.sends: list[range] = [range(0)] * rows  # my atoms that owner o's halo needs (local index)
-        self.recvs: list[int] = [0] * rows  # atoms that come from owner o
-        for o in range(rows):
-            if o == grid.r:
+        self.group, self.row_group = group, row_group
+        self.owners = list(owners or [])
+        # What moves between me and each shard's owner, by group rank: the slice of my atoms its
+        # halo needs (local index), and how many of its atoms mine needs.
+        self.sends: list[range] = [range(0)] * len(self.owners)
+        self.recvs: list[int] = [0] * len(self.owners)
+        for k, owner in enumerate(self.owners):
+            if k == index:
                 continue
-            lo, hi = self._span(o)
+            lo, hi = self._span(k)
             give = range(max(lo, self.start), min(hi, self.stop))
-            self.sends[owners[o]] = range(give.start - self.start, max(give.start, give.stop) - self.start)
-            self.recvs[owners[o]] = max(0, min(self.hi, bounds[o + 1]) - max(self.lo, bounds[o]))
-        self.owners = owners
+            self.sends[owner] = range(give.start - self.start, max(give.start, give.stop) - self.start)
+            self.recvs[owner] = max(0, min(self.hi, bounds[k + 1]) - max(self.lo, bounds[k]))
 
-    def _span(self, r: int) -> tuple[int, int]:
-        """The global atom range [lo, hi) that row block r's windows touch (queries and keys)."""
-        start, stop = self.bounds[r], self.bounds[r + 1]
+    @staticmethod
+    def of_grid(row_bounds: Sequence[int], grid: Grid, block: int) -> tuple[AtomWindows, slice]:
+        """The windows of rank (r, c), given the real atoms before each row block and the slots per
+        row block: mesh row r's atoms are split evenly over its cols ranks (the block is a multiple
+        of cols), shards in row-major rank order. Also returns my slots of the row block's atoms."""
+        if len(row_bounds) - 1 != grid.rows:
+            raise ValueError(f"atom bounds for {len(row_bounds) - 1} row blocks, a grid of {grid.rows} rows")
+        if block % grid.cols:
+            raise ValueError(f"atom block {block} does not split over {grid.cols} mesh columns")
+        sub = block // grid.cols
+        bounds = [
+            row_bounds[r] + min(c * sub, row_bounds[r + 1] - row_bounds[r])
+            for r in range(grid.rows)
+            for c in range(grid.cols)
+        ] + [row_bounds[-1]]
+        slots = slice(grid.c * sub, (grid.c + 1) * sub)
+        index = grid.r * grid.cols + grid.c
+        if grid.size == 1:
+            return AtomWindows(bounds, index, sub), slots
+        owners = [dist.get_group_rank(grid.world, rank) for row in grid.ranks for rank in row]
+        return AtomWindows(bounds, index, sub, owners, grid.world, grid.row_group), slots
+
+    def _span(self, k: int) -> tuple[int, int]:
+        """The global atom range [lo, hi) that shard k's windows touch (queries and keys)."""
+        start, stop = self.bounds[k], self.bounds[k + 1]
         a = QUERIES * (start // QUERIES)
         # At least one window, even for a block without atoms: every rank then runs the same ops,
         # so the backward passes issue their collectives in the same order.
@@ -88,10 +117,9 @@ class AtomWindows:
         if self.group is not None:
             sends = [mine[r.start : r.stop] for r in self.sends]
             received = all_to_all_v(sends, [(n, *tail) for n in self.recvs], self.group)
-            before = [
-                received[self.owners[o]] for o in range(len(self.owners)) if self.bounds[o + 1] <= self.start
-            ]
-            after = [received[self.owners[o]] for o in range(len(self.owners)) if self.bounds[o] >= self.stop]
+            shards = range(len(self.owners))
+            before = [received[self.owners[k]] for k in shards if self.bounds[k + 1] <= self.start]
+            after = [received[self.owners[k]] for k in shards if self.bounds[k] >= self.stop]
             pieces = [p for p in before if len(p)] + [mine] + [p for p in after if len(p)]
         left = max(0, min(self.hi, 0) - self.lo)
         right = max(0, self.hi - max(self.lo, self.total))
@@ -222,20 +250,21 @@ class AtomEncoder(nn.Module):
 
         q = c if noisy_pos is None else c + self.noisy_pos(noisy_pos)
         q = self.transformer(q, c_ext, p, windows)
-        a = _token_mean(F.relu(self.to_token(q)), token - rows.start, atoms["atom_pad_mask"], len(rows))
-        return a, (q, c_ext, p)
+        a = F.relu(self.to_token(q))
+        return _token_mean(a, token - rows.start, atoms["atom_pad_mask"], len(rows), windows), (q, c_ext, p)
 
     def _trunk_pair(
         self, z: torch.Tensor, layout: PairLayout, token_ext: torch.Tensor, windows: AtomWindows, rows: range
     ) -> torch.Tensor:
         """LinearNoBias(LayerNorm(z[token(l), token(m)])) for every (query, key) atom pair of the
-        windows. Query atoms that are mine have their token in my rows; key tokens lie in a band
-        around them, spread over my row group's column blocks: each rank projects its block, keeps
-        the band's columns it holds, and a sum over the row group completes the band."""
+        windows. Query atoms that are mine have their token in my rows. A key is at most 79 atoms
+        from its query, and every token has an atom, so key tokens lie within 79 tokens of my rows:
+        that band's columns are spread over my row group's column blocks. Each rank projects its
+        block, keeps the band's columns it holds, and a sum over the row group completes the band."""
         n = z.shape[1] * layout.grid.cols
         cols = layout.cols(n)
-        real = windows.real.to(token_ext.device)
-        band = range(int(token_ext[real].min()), int(token_ext[real].max()) + 1)
+        reach = HALO + QUERIES - 1
+        band = range(max(0, rows.start - reach), min(n, rows.stop + reach))
         tok_q = windows.queries(token_ext)  # [W, 32]
         tok_k = windows.keys(token_ext).clamp(band.start, band.stop - 1)  # [W, 128]; others are masked
         projected = self.trunk_z(z)  # [h, w, c_pair]
@@ -253,12 +282,16 @@ class AtomEncoder(nn.Module):
         return piece[row, (tok_k - band.start)[:, None, :]]
 
 
-def _token_mean(x: torch.Tensor, token: torch.Tensor, real: torch.Tensor, n_rows: int) -> torch.Tensor:
-    """Mean over each token's real atoms: [block, c] -> [n_rows, c] (tokens without atoms get 0)."""
+def _token_mean(
+    x: torch.Tensor, token: torch.Tensor, real: torch.Tensor, n_rows: int, windows: AtomWindows
+) -> torch.Tensor:
+    """Mean over each token's real atoms: [block, c] -> [n_rows, c] (tokens without atoms get 0).
+    A token's atoms may lie on several ranks of my row group: sums and counts add up over it."""
     weight = real.to(x.dtype)
     total = x.new_zeros(n_rows, x.shape[-1]).index_add(0, token, x * weight[:, None])
-    count = x.new_zeros(n_rows).index_add(0, token, weight)
-    return total / count.clamp(min=1)[:, None]
+    count = x.new_zeros(n_rows, 1).index_add(0, token, weight[:, None])
+    both = all_reduce_sum(torch.cat([total, count], dim=-1), windows.row_group)
+    return both[:, :-1] / both[:, -1:].clamp(min=1)
 
 
 class AtomDecoder(nn.Module):

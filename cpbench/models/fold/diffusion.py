@@ -2,7 +2,7 @@
 (atom encoder, token transformer, atom decoder) and the sampler, sharded like the trunk.
 
 Token activations live with their token rows (replicated over the row group), atoms with their
-tokens (replicated over mesh columns in 2d), the pair conditioning in the pair block. Every random
+tokens (split over the ranks of a mesh row), the pair conditioning in the pair block. Every random
 draw (initial noise, the noise of each step, a training noise level) is made over all real atoms
 from a generator seeded by the run's seed and step, then cut to this rank's atoms: the same
 numbers land on the same atoms on every grid.
@@ -178,8 +178,7 @@ class DiffusionModule(nn.Module):
         atoms: AtomContext,
     ) -> torch.Tensor:
         """One training denoising step on the reference positions as ground truth: AF3's weighted
-        MSE at a noise level drawn from the seed. This rank's share: its real atoms, divided over the
-        mesh columns that repeat them."""
+        MSE at a noise level drawn from the seed. This rank's share: the error of its own atoms."""
         gen = torch.Generator().manual_seed(atoms.seed * 1_000_003 - 1)
         sigma = SIGMA_DATA * math.exp(-1.2 + 1.5 * torch.randn(1, generator=gen).item())
         real = atoms.atoms["atom_pad_mask"][:, None].float()
@@ -188,4 +187,4 @@ class DiffusionModule(nn.Module):
         x_denoised = self(x_noisy, sigma, trunk, mask, layout, atoms)
         weight = (sigma**2 + SIGMA_DATA**2) / (sigma * SIGMA_DATA) ** 2
         squared = ((x_denoised.float() - x_true).square() * real).sum()
-        return weight * squared / (3 * max(atoms.windows.total, 1) * layout.grid.cols)
+        return weight * squared / (3 * max(atoms.windows.total, 1))
