@@ -183,7 +183,6 @@ class AtomEncoder(nn.Module):
     def __init__(self, c_atom: int, c_pair: int, c_token: int, n_blocks: int, heads: int,
                  c_s: int | None = None, c_z: int | None = None):  # fmt: skip
         super().__init__()
-        self.c_token = c_token
         self.features = LinearNoBias(ATOM_FEATURES, c_atom)
         self.offsets = LinearNoBias(3, c_pair)
         self.inverse_distance = LinearNoBias(1, c_pair)
@@ -267,16 +266,11 @@ class AtomEncoder(nn.Module):
         band = range(max(0, rows.start - reach), min(n, rows.stop + reach))
         tok_q = windows.queries(token_ext)  # [W, 32]
         tok_k = windows.keys(token_ext).clamp(band.start, band.stop - 1)  # [W, 128]; others are masked
-        projected = self.trunk_z(z)  # [h, w, c_pair]
-        held = range(max(band.start, cols.start), max(max(band.start, cols.start), min(band.stop, cols.stop)))
-        piece = projected.new_zeros(len(rows), len(band), projected.shape[-1])
-        if len(held):
-            piece = piece.index_copy(
-                1,
-                torch.arange(held.start - band.start, held.stop - band.start, device=z.device),
-                projected[:, held.start - cols.start : held.stop - cols.start],
-            )
-        piece = all_reduce_sum(piece, layout.grid.row_group)
+        lo = max(band.start, cols.start)
+        held = range(lo, max(lo, min(band.stop, cols.stop)))  # the band's columns in my block
+        projected = self.trunk_z(z[:, held.start - cols.start : held.stop - cols.start])  # [h, |held|, c]
+        pad = (held.start - band.start, band.stop - held.stop)
+        piece = all_reduce_sum(F.pad(projected, (0, 0, *pad)), layout.grid.row_group)  # [h, |band|, c]
         # Queries that are not mine may have tokens outside my rows: clamp, they are dropped later.
         row = (tok_q - rows.start).clamp(0, len(rows) - 1)[:, :, None]
         return piece[row, (tok_k - band.start)[:, None, :]]
