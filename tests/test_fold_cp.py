@@ -13,7 +13,8 @@ import torch
 import torch.distributed as dist
 from test_pairformer_cp import rank_context, report, spawn
 
-from cpbench.distributed.comm import all_reduce_sum
+from cpbench.distributed.comm import LEDGER, all_reduce_sum
+from cpbench.models.fold.atoms import HALO, QUERIES, AtomWindows
 from cpbench.workloads.base import RankContext, Shape, Topology
 from cpbench.workloads.fold import FoldWorkload
 
@@ -57,10 +58,31 @@ def _fold_rank(rank: int, world: int, tmp: str, kind: str, grid: tuple[int, int]
         mine = windows.stop - windows.start
         check("positions", x[:mine], x1[windows.start : windows.stop])
         check("padding atoms", x[mine:], torch.zeros_like(x[mine:]))
+        failures.extend(_halo_checks(rank, model, batch, windows, grid))
     except Exception:
         failures.append(f"rank {rank}: {traceback.format_exc()}")
     finally:
         report(tmp, rank, failures)
+
+
+def _halo_checks(rank: int, model, batch, windows: AtomWindows, grid: tuple[int, int]) -> list[str]:
+    """The input embedder moves halos, not atoms: a rank gives a neighbour at most the 79 atoms
+    that neighbour's windows reach past its own, and in 1d (where nothing else moves under the
+    label) the bytes sent are exactly the halo plan's: once c, positions and ids, then q per block."""
+    failures = []
+    reach = HALO + QUERIES - 1
+    if any(len(r) > reach for r in windows.sends):
+        failures.append(f"rank {rank}: sends {windows.sends} exceed the halo reach {reach}")
+    LEDGER.reset()
+    with torch.no_grad():
+        model.trunk(batch)
+    sent = LEDGER.bytes_sent.get("input.atom_encoder", 0)
+    atoms = sum(len(r) for r in windows.sends)
+    per_atom = 4 * TINY["c_atom"] * (1 + TINY["input_atom_blocks"]) + 4 * 3 + 8 * 2
+    planned = atoms * per_atom
+    if grid[1] == 1 and sent != planned:
+        failures.append(f"rank {rank}: input.atom_encoder sent {sent} bytes; the halo plan, {planned}")
+    return failures
 
 
 CASES = {
