@@ -66,11 +66,12 @@ def _fold_rank(rank: int, world: int, tmp: str, kind: str, grid: tuple[int, int]
 
 
 def _halo_checks(rank: int, model, batch, windows: AtomWindows, grid: tuple[int, int]) -> list[str]:
-    """The input embedder moves halos, not atoms: a rank gives a neighbour at most the 79 atoms
-    that neighbour's windows reach past its own, and in 1d (where nothing else moves under the
-    label) the bytes sent are exactly the halo plan's: once c, positions and ids, then q per block."""
+    """The input embedder moves halos, not atoms: a rank gives a neighbour at most the 80 atoms
+    that neighbour's windows reach past its own (48 keys plus up to 32 of query alignment), and in
+    1d (where nothing else moves under the label) the bytes sent are exactly the halo plan's: once
+    c, positions and ids, then q per block."""
     failures = []
-    reach = HALO + QUERIES - 1
+    reach = HALO + QUERIES
     if any(len(r) > reach for r in windows.sends):
         failures.append(f"rank {rank}: sends {windows.sends} exceed the halo reach {reach}")
     LEDGER.reset()
@@ -90,6 +91,8 @@ CASES = {
     "1d-4": ("1d", (4, 1), Shape(9, 100, 3)),  # padded to 12: the last row block is all padding
     "2d-2x2": ("2d", (2, 2), Shape(11, 120, 3)),
     "2d-1x2": ("2d", (1, 2), Shape(11, 120, 3)),  # one row block: its atoms split over the two ranks
+    # Every atom on rank 0: it receives no halo, yet must join the exchange's backward.
+    "2d-1x2-one-shard": ("2d", (1, 2), Shape(4, 12, 3)),
 }
 
 

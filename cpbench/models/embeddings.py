@@ -20,8 +20,8 @@ def token_features(t: dict[str, torch.Tensor]) -> torch.Tensor:
 
 
 class RelativePosition(nn.Module):
-    """Algorithm 3 for the pair block of row tokens x column tokens, plus the bond feature: each
-    one-hot encoding applied as an embedding lookup (a LinearNoBias of a one-hot)."""
+    """Algorithm 3 for the pair block of row tokens x column tokens, each one-hot encoding applied
+    as an embedding lookup (a LinearNoBias of a one-hot)."""
 
     def __init__(self, c_z: int):
         super().__init__()
@@ -29,11 +29,8 @@ class RelativePosition(nn.Module):
         self.rel_token = nn.Embedding(2 * R_MAX + 2, c_z)
         self.rel_chain = nn.Embedding(2 * S_MAX + 2, c_z)
         self.same_entity = LinearNoBias(1, c_z)
-        self.bond = LinearNoBias(1, c_z)
 
-    def forward(
-        self, rows: dict[str, torch.Tensor], cols: dict[str, torch.Tensor], bonds: torch.Tensor
-    ) -> torch.Tensor:
+    def forward(self, rows: dict[str, torch.Tensor], cols: dict[str, torch.Tensor]) -> torch.Tensor:
         def pairwise(name: str) -> torch.Tensor:
             return rows[name].long()[:, None] - cols[name].long()[None, :]
 
@@ -45,4 +42,4 @@ class RelativePosition(nn.Module):
         d_tok = torch.where(same_res, (pairwise("token_index") + R_MAX).clamp(0, 2 * R_MAX), far_res)
         d_chain = torch.where(same_entity, (pairwise("sym_id") + S_MAX).clamp(0, 2 * S_MAX), far_chain)
         z = self.rel_residue(d_res) + self.rel_token(d_tok) + self.rel_chain(d_chain)
-        return z + self.same_entity(same_entity[..., None].float()) + self.bond(bonds[..., None].float())
+        return z + self.same_entity(same_entity[..., None].float())

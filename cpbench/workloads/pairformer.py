@@ -40,12 +40,14 @@ class InputEmbedder(nn.Module):
         self.single = LinearNoBias(TOKEN_FEATURES, c_s)
         self.left, self.right = LinearNoBias(TOKEN_FEATURES, c_z), LinearNoBias(TOKEN_FEATURES, c_z)
         self.relpos = RelativePosition(c_z)
+        self.bond = LinearNoBias(1, c_z)
 
     def forward(
         self, rows: dict[str, torch.Tensor], cols: dict[str, torch.Tensor], bonds: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         fr, fc = token_features(rows), token_features(cols)
-        z = self.left(fr)[:, None] + self.right(fc)[None, :] + self.relpos(rows, cols, bonds)
+        z = self.left(fr)[:, None] + self.right(fc)[None, :] + self.relpos(rows, cols)
+        z = z + self.bond(bonds[..., None].float())
         return self.single(fr), z
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -54,7 +55,7 @@ class AtomWindows:
         row_group: dist.ProcessGroup | None = None,
     ):
         self.bounds, self.block, self.total = tuple(bounds), block, bounds[-1]
-        self.start, self.stop = bounds[index], bounds[index + 1]
+        self.index, self.start, self.stop = index, bounds[index], bounds[index + 1]
         self.lo, self.hi = self._span(index)
         self.n_windows = (self.hi - self.lo - 2 * HALO) // QUERIES
         self.group, self.row_group = group, row_group
@@ -117,10 +118,11 @@ class AtomWindows:
         if self.group is not None:
             sends = [mine[r.start : r.stop] for r in self.sends]
             received = all_to_all_v(sends, [(n, *tail) for n in self.recvs], self.group)
-            shards = range(len(self.owners))
-            before = [received[self.owners[k]] for k in shards if self.bounds[k + 1] <= self.start]
-            after = [received[self.owners[k]] for k in shards if self.bounds[k] >= self.stop]
-            pieces = [p for p in before if len(p)] + [mine] + [p for p in after if len(p)]
+            # Empty pieces stay in: every rank must use what the exchange returned, or autograd
+            # would skip the exchange's backward on the ranks that received nothing.
+            # Shards are in atom order: those before mine, then mine, then those after.
+            received = [received[owner] for owner in self.owners]
+            pieces = [*received[: self.index], mine, *received[self.index + 1 :]]
         left = max(0, min(self.hi, 0) - self.lo)
         right = max(0, self.hi - max(self.lo, self.total))
         return torch.cat([x.new_zeros(left, *tail), *pieces, x.new_zeros(right, *tail)])
@@ -143,6 +145,15 @@ class AtomWindows:
     def key_mask(self) -> torch.Tensor:
         """[W, 1, 1, 128] additive mask: keys outside the real atoms are masked out."""
         return (ops.MASK_BIAS * (self.keys(self.real.float()) - 1))[:, None, None, :]
+
+
+class AtomConditioning(NamedTuple):
+    """What the atom transformer is conditioned on; none of it depends on the noise level, so a
+    sampler computes it once for all its steps."""
+
+    c: torch.Tensor  # [block, c_atom] atom single conditioning of my atoms
+    c_ext: torch.Tensor  # [hi - lo, c_atom] the same over the extended range
+    p: torch.Tensor  # [W, 32, 128, c_pair] atom pair conditioning of the windows
 
 
 class AtomTransformer(nn.Module):
@@ -176,9 +187,9 @@ class AtomTransformer(nn.Module):
 
 
 class AtomEncoder(nn.Module):
-    """Algorithm 5: per-atom features and atom-pair features of the windows, the atom transformer,
-    then the mean over each token's atoms. With trunk outputs (the diffusion module's encoder) the
-    atoms are also conditioned on s and z of their tokens and on their noisy positions."""
+    """Algorithm 5: per-atom features and atom-pair features of the windows (`condition`), the atom
+    transformer, then the mean over each token's atoms. With trunk outputs (the diffusion module's
+    encoder) the atoms are also conditioned on s and z of their tokens and on their noisy positions."""
 
     def __init__(self, c_atom: int, c_pair: int, c_token: int, n_blocks: int, heads: int,
                  c_s: int | None = None, c_z: int | None = None):  # fmt: skip
@@ -212,17 +223,15 @@ class AtomEncoder(nn.Module):
             dim=-1,
         )
 
-    def forward(
+    def condition(
         self,
         atoms: dict[str, torch.Tensor],
         windows: AtomWindows,
         rows: range,
         trunk: tuple[torch.Tensor, torch.Tensor, PairLayout] | None = None,
-        noisy_pos: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-        """atoms: my atoms' features ([block, ...]); rows: my token rows. trunk: (s [h, c_s],
-        z [h, w, c_z], layout). Returns the token activations [h, c_token] and the skip tensors
-        (q [block, c], c_ext, p) for the decoder."""
+    ) -> AtomConditioning:
+        """The atom single and pair conditioning. atoms: my atoms' features ([block, ...]); rows: my
+        token rows; trunk: (s [h, c_s], z [h, w, c_z], layout) for the diffusion module's encoder."""
         token = atoms["atom_to_token"]
         c = self.features(self.atom_inputs(atoms))
         if trunk is not None:
@@ -245,12 +254,24 @@ class AtomEncoder(nn.Module):
             p = p + self._trunk_pair(z_trunk, layout, ids_ext[:, 1], windows, rows)
         c_q, c_k = windows.queries(c_ext), windows.keys(c_ext)
         p = p + self.query_single(F.relu(c_q))[:, :, None] + self.key_single(F.relu(c_k))[:, None]
-        p = p + self.pair_mlp(p)
+        return AtomConditioning(c, c_ext, p + self.pair_mlp(p))
 
-        q = c if noisy_pos is None else c + self.noisy_pos(noisy_pos)
-        q = self.transformer(q, c_ext, p, windows)
+    def forward(
+        self,
+        atoms: dict[str, torch.Tensor],
+        windows: AtomWindows,
+        rows: range,
+        cond: AtomConditioning,
+        noisy_pos: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """The atom transformer on the conditioning (plus the noisy positions), then the mean over each
+        token's atoms. Returns the token activations [h, c_token] and the skip tensors (q [block, c],
+        c_ext, p) for the decoder."""
+        q = cond.c if noisy_pos is None else cond.c + self.noisy_pos(noisy_pos)
+        q = self.transformer(q, cond.c_ext, cond.p, windows)
         a = F.relu(self.to_token(q))
-        return _token_mean(a, token - rows.start, atoms["atom_pad_mask"], len(rows), windows), (q, c_ext, p)
+        token = atoms["atom_to_token"] - rows.start
+        return _token_mean(a, token, atoms["atom_pad_mask"], len(rows), windows), (q, cond.c_ext, cond.p)
 
     def _trunk_pair(
         self, z: torch.Tensor, layout: PairLayout, token_ext: torch.Tensor, windows: AtomWindows, rows: range
@@ -281,11 +302,11 @@ def _token_mean(
 ) -> torch.Tensor:
     """Mean over each token's real atoms: [block, c] -> [n_rows, c] (tokens without atoms get 0).
     A token's atoms may lie on several ranks of my row group: sums and counts add up over it."""
-    weight = real.to(x.dtype)
-    total = x.new_zeros(n_rows, x.shape[-1]).index_add(0, token, x * weight[:, None])
-    count = x.new_zeros(n_rows, 1).index_add(0, token, weight[:, None])
+    weight = real.float()[:, None]  # float32 sums: one rank and CP add in different orders
+    total = x.new_zeros(n_rows, x.shape[-1], dtype=torch.float32).index_add(0, token, x.float() * weight)
+    count = weight.new_zeros(n_rows, 1).index_add(0, token, weight)
     both = all_reduce_sum(torch.cat([total, count], dim=-1), windows.row_group)
-    return both[:, :-1] / both[:, -1:].clamp(min=1)
+    return (both[:, :-1] / both[:, -1:].clamp(min=1)).to(x.dtype)
 
 
 class AtomDecoder(nn.Module):

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from cpbench.distributed.comm import op_label
-from cpbench.models.fold.atoms import AtomDecoder, AtomEncoder, AtomWindows
+from cpbench.models.fold.atoms import AtomConditioning, AtomDecoder, AtomEncoder, AtomWindows
 from cpbench.models.fold.conditioned import TokenTransformer
 from cpbench.models.pairformer import PairLayout
 from cpbench.models.pairformer.modules import LinearNoBias, Transition
@@ -131,21 +131,31 @@ class DiffusionModule(nn.Module):
         mask: torch.Tensor,
         layout: PairLayout,
         atoms: AtomContext,
+        atom_cond: AtomConditioning,
     ) -> torch.Tensor:
-        """x_noisy [block, 3]; trunk: (s_inputs, s_trunk, z_trunk, z_cond). Returns x_denoised."""
-        s_inputs, s_trunk, z_trunk, z_cond = trunk
+        """x_noisy [block, 3]; trunk: (s_inputs, s_trunk, z_trunk, z_cond); atom_cond from
+        `atom_conditioning`. Returns x_denoised."""
+        s_inputs, s_trunk, _, z_cond = trunk
         with op_label("diffusion.conditioning"):
             s = self.conditioning.single(s_trunk, s_inputs, t_hat)
         r_noisy = x_noisy / math.sqrt(t_hat**2 + SIGMA_DATA**2)
         with op_label("diffusion.atom_encoder"):
-            a, skip = self.encoder(
-                atoms.atoms, atoms.windows, atoms.rows, trunk=(s_trunk, z_trunk, layout), noisy_pos=r_noisy
-            )
+            a, skip = self.encoder(atoms.atoms, atoms.windows, atoms.rows, atom_cond, noisy_pos=r_noisy)
         a = a + self.single_to_token(s)
         a = self.norm(self.transformer(a, s, z_cond, mask, layout))
         r_update = self.decoder(a, skip, atoms.atoms, atoms.windows, atoms.rows)
         scale = SIGMA_DATA**2 + t_hat**2
         return SIGMA_DATA**2 / scale * x_noisy + SIGMA_DATA * t_hat / math.sqrt(scale) * r_update
+
+    def atom_conditioning(
+        self, trunk: tuple[torch.Tensor, ...], layout: PairLayout, atoms: AtomContext
+    ) -> AtomConditioning:
+        """The encoder's atom conditioning on s_trunk and the pair conditioning z_cond (Algorithm 20
+        passes the conditioned pair representation): independent of the noise level."""
+        _, s_trunk, _, z_cond = trunk
+        with op_label("diffusion.atom_encoder"):
+            trunk_cond = (s_trunk, z_cond, layout)
+            return self.encoder.condition(atoms.atoms, atoms.windows, atoms.rows, trunk=trunk_cond)
 
     def sample(
         self,
@@ -160,12 +170,13 @@ class DiffusionModule(nn.Module):
         real = atoms.atoms["atom_pad_mask"][:, None].to(trunk[1].dtype)
         device = real.device
         x = levels[0] * atoms.noise(0, device) * real
+        atom_cond = self.atom_conditioning(trunk, layout, atoms)
         for step, (c_prev, c) in enumerate(zip(levels[:-1], levels[1:], strict=True), start=1):
             gamma = GAMMA_0 if c > GAMMA_MIN else 0.0
             t_hat = c_prev * (gamma + 1)
             xi = NOISE_SCALE * math.sqrt(t_hat**2 - c_prev**2) * atoms.noise(step, device) * real
             x_noisy = x + xi
-            x_denoised = self(x_noisy, t_hat, trunk, mask, layout, atoms)
+            x_denoised = self(x_noisy, t_hat, trunk, mask, layout, atoms, atom_cond)
             delta = (x_noisy - x_denoised) / t_hat
             x = (x_noisy + STEP_SCALE * (c - t_hat) * delta) * real
         return x
@@ -179,12 +190,13 @@ class DiffusionModule(nn.Module):
     ) -> torch.Tensor:
         """One training denoising step on the reference positions as ground truth: AF3's weighted
         MSE at a noise level drawn from the seed. This rank's share: the error of its own atoms."""
-        gen = torch.Generator().manual_seed(atoms.seed * 1_000_003 - 1)
+        gen = torch.Generator().manual_seed(atoms.seed * 1_000_003 - 2)  # not a noise() stream
         sigma = SIGMA_DATA * math.exp(-1.2 + 1.5 * torch.randn(1, generator=gen).item())
         real = atoms.atoms["atom_pad_mask"][:, None].float()
         x_true = atoms.atoms["ref_pos"] * real
         x_noisy = x_true + sigma * atoms.noise(-1, real.device) * real
-        x_denoised = self(x_noisy, sigma, trunk, mask, layout, atoms)
+        atom_cond = self.atom_conditioning(trunk, layout, atoms)
+        x_denoised = self(x_noisy, sigma, trunk, mask, layout, atoms, atom_cond)
         weight = (sigma**2 + SIGMA_DATA**2) / (sigma * SIGMA_DATA) ** 2
         squared = ((x_denoised.float() - x_true).square() * real).sum()
         return weight * squared / (3 * max(atoms.windows.total, 1))

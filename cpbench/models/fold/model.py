@@ -42,6 +42,7 @@ class FoldModel(nn.Module):
         self.s_init = LinearNoBias(c_in, c_s)
         self.z_left, self.z_right = LinearNoBias(c_in, c_z), LinearNoBias(c_in, c_z)
         self.relpos = RelativePosition(c_z)
+        self.bond = LinearNoBias(1, c_z)
         self.recycle_s = nn.Sequential(nn.LayerNorm(c_s), LinearNoBias(c_s, c_s))
         self.recycle_z = nn.Sequential(nn.LayerNorm(c_z), LinearNoBias(c_z, c_z))
         self.msa = MSAModule(cfg.msa)
@@ -53,12 +54,14 @@ class FoldModel(nn.Module):
         layout, n = self.layout, batch.mask.shape[0]
         rows = layout.rows(n)
         with op_label("input.atom_encoder"):
-            a, _ = self.input_encoder(batch.atoms.atoms, batch.atoms.windows, rows)
+            atoms, windows = batch.atoms.atoms, batch.atoms.windows
+            cond = self.input_encoder.condition(atoms, windows, rows)
+            a, _ = self.input_encoder(atoms, windows, rows, cond)
         with op_label("input.embedding"):
             s_inputs = torch.cat([a, token_features(batch.rows).to(a.dtype)], dim=-1)
-            relpos = self.relpos(batch.rows, batch.cols, batch.bonds)
+            relpos = self.relpos(batch.rows, batch.cols)
             z_init = self.z_left(s_inputs)[:, None] + self.z_right(layout.col_tokens(s_inputs, n))[None]
-            z_init = z_init + relpos
+            z_init = z_init + relpos + self.bond(batch.bonds[..., None].to(z_init.dtype))
             s_init = self.s_init(s_inputs)
         s, z = torch.zeros_like(s_init), torch.zeros_like(z_init)
         grad = torch.is_grad_enabled()

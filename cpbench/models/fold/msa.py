@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from cpbench.distributed.comm import op_label
+from cpbench.models.embeddings import TOKEN_FEATURES
 from cpbench.models.pairformer import ops
 from cpbench.models.pairformer.layout import PairLayout
 from cpbench.models.pairformer.modules import (
@@ -66,7 +67,7 @@ class MSAConfig:
 
     c_m: int = 64
     c_z: int = 128
-    c_s_inputs: int = 449  # width of s_inputs (the caller gives it)
+    c_s_inputs: int = 384 + TOKEN_FEATURES  # width of s_inputs: AF3's c_s and the token features
     n_blocks: int = 4
     opm_hidden: int = 32  # c of the outer product mean
     pwa_heads: int = 8  # pair-weighted averaging heads
