@@ -56,7 +56,6 @@ class FoldShard:
     n_atoms: int
     n_atoms_padded: int
     atom_block: int
-    atom_start: int  # real atoms on the row blocks before this one (global index of atoms[0] if real)
     atom_bounds: tuple[int, ...]  # real atoms before each row block, and in all (rows + 1 values)
     msa_depth: int
     row_tokens: dict[str, torch.Tensor] = field(default_factory=dict)
@@ -64,6 +63,11 @@ class FoldShard:
     pair: dict[str, torch.Tensor] = field(default_factory=dict)
     atoms: dict[str, torch.Tensor] = field(default_factory=dict)
     msa: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    @property
+    def atom_start(self) -> int:
+        """Real atoms on the row blocks before this one (the global index of atoms[0] if real)."""
+        return self.atom_bounds[self.coords[0]]
 
     @property
     def shape(self) -> Shape:
@@ -149,7 +153,6 @@ def build_shard(source: FeatureSource, topology: Topology, coords: tuple[int, in
     bounds = np.minimum(np.arange(topology.grid[0] + 1, dtype=np.int64) * (rows.stop - rows.start), n)
     prefix = source.atom_prefix(bounds)
     block = atom_block_size(np.diff(prefix), topology.grid[1])
-    r = coords[0]
 
     row_tokens = _tokens(source, rows)
     col_tokens = row_tokens if cols == rows else _tokens(source, cols)
@@ -178,7 +181,6 @@ def build_shard(source: FeatureSource, topology: Topology, coords: tuple[int, in
         n_atoms=source.n_atoms,
         n_atoms_padded=block * topology.grid[0],
         atom_block=block,
-        atom_start=int(prefix[r]),
         atom_bounds=tuple(int(x) for x in prefix),
         msa_depth=source.msa_depth,
         row_tokens=row_t,
