@@ -11,22 +11,17 @@ import traceback
 import pytest
 import torch
 import torch.distributed as dist
-from test_pairformer_cp import rank_context, report, spawn
+from test_pairformer_cp import loss_and_grads, one_rank, rank_context, report, spawn
 
 from cpbench.distributed.comm import LEDGER, all_reduce_sum
 from cpbench.models.fold.atoms import HALO, QUERIES, AtomWindows
-from cpbench.workloads.base import RankContext, Shape, Topology
+from cpbench.workloads.base import Shape
 from cpbench.workloads.fold import FoldWorkload
 
 TINY = dict(c_s=16, c_z=8, n_blocks=1, tri_mul_hidden=8, tri_heads=2, tri_head_width=4, single_heads=2,
             msa_blocks=1, c_m=8, opm_hidden=4, pwa_heads=2, pwa_width=4, c_atom=16, c_atom_pair=8, c_token=16,
             input_atom_blocks=1, atom_blocks=1, atom_heads=2, token_blocks=1, token_heads=2, fourier=8,
             n_cycles=2, sampling={"steps": 2})  # fmt: skip
-
-
-def one_rank(ctx: RankContext) -> RankContext:
-    one = Topology("1d", 1, (1, 1))
-    return RankContext(0, 1, 0, ctx.device, None, one, ctx.dtype, ctx.seed, (0, 0), None, None)
 
 
 def _fold_rank(rank: int, world: int, tmp: str, kind: str, grid: tuple[int, int], shape: Shape) -> None:
@@ -45,12 +40,7 @@ def _fold_rank(rank: int, world: int, tmp: str, kind: str, grid: tuple[int, int]
             workload = FoldWorkload(**TINY)
             model = workload.build_model(c)
             batch = workload.build_batch(shape, c)
-            params = list(model.parameters())
-            loss = workload.run_step(model, batch, train=True)
-            grads = torch.autograd.grad(loss, params, allow_unused=True)
-            grads = [torch.zeros_like(p) if g is None else g for p, g in zip(params, grads, strict=True)]
-            positions = model.sample(batch)
-            runs.append((loss.detach(), grads, positions, batch.atoms.windows))
+            runs.append((*loss_and_grads(workload, model, batch), model.sample(batch), batch.atoms.windows))
         (loss1, grads1, x1, _), (share, grads, x, windows) = runs
         check("loss", all_reduce_sum(share, dist.group.WORLD), loss1)
         for i, (g, g1) in enumerate(zip(grads, grads1, strict=True)):

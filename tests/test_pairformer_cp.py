@@ -87,6 +87,21 @@ def rank_context(rank: int, world: int, tmp: str, kind: str, grid: tuple[int, in
                        row_peers, col_peers)  # fmt: skip
 
 
+def one_rank(ctx: RankContext) -> RankContext:
+    """The same rank as a world of one: the reference every CP layout is compared with."""
+    one = Topology("1d", 1, (1, 1))
+    return RankContext(0, 1, 0, ctx.device, None, one, ctx.dtype, ctx.seed, (0, 0), None, None)
+
+
+def loss_and_grads(workload, model, batch) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """A workload's training loss share and every parameter's gradient (zeros where unused)."""
+    params = list(model.parameters())
+    loss = workload.run_step(model, batch, train=True)
+    grads = torch.autograd.grad(loss, params, allow_unused=True)
+    grads = [torch.zeros_like(p) if g is None else g for p, g in zip(params, grads, strict=True)]
+    return loss.detach(), grads
+
+
 def report(tmp: str, rank: int, failures: list[str]) -> None:
     Path(tmp, f"rank{rank}.json").write_text(json.dumps(failures))
     if dist.is_initialized():

@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from conftest import cpbench, ok, results
-from test_pairformer_cp import rank_context, report, spawn
+from test_pairformer_cp import loss_and_grads, one_rank, rank_context, report, spawn
 
 from cpbench.distributed.comm import all_reduce_sum
 from cpbench.workloads.base import RankContext, Shape, Topology
@@ -17,12 +17,6 @@ from cpbench.workloads.pairformer import PairformerWorkload
 
 SMALL = dict(c_s=8, c_z=8, n_blocks=1, tri_mul_hidden=8, tri_heads=2, tri_head_width=4, single_heads=2)
 SHAPE = Shape(n_tokens=11, n_atoms=0, msa_depth=2)  # padded to 12 on the grids below
-
-
-def _one_rank(ctx: RankContext) -> RankContext:
-    return RankContext(
-        0, 1, 0, ctx.device, None, Topology("1d", 1, (1, 1)), ctx.dtype, ctx.seed, (0, 0), None, None
-    )
 
 
 def _workload_rank(rank: int, world: int, tmp: str, kind: str, grid: tuple[int, int]) -> None:
@@ -37,16 +31,12 @@ def _workload_rank(rank: int, world: int, tmp: str, kind: str, grid: tuple[int, 
     try:
         ctx = rank_context(rank, world, tmp, kind, grid)
         runs = []
-        for c in (_one_rank(ctx), ctx):
+        for c in (one_rank(ctx), ctx):
             workload = PairformerWorkload(**SMALL)
             model = workload.build_model(c)
             batch = workload.build_batch(SHAPE, c)
-            params = list(model.parameters())
-            loss = workload.run_step(model, batch, train=True)
-            grads = torch.autograd.grad(loss, params, allow_unused=True)
             z = workload.run_step(model, batch, train=False)
-            grads = [torch.zeros_like(p) if g is None else g for p, g in zip(params, grads, strict=True)]
-            runs.append((loss.detach(), grads, z))
+            runs.append((*loss_and_grads(workload, model, batch), z))
         (loss1, grads1, z1), (share, grads, z) = runs
         world_group = dist.group.WORLD
         check("loss", all_reduce_sum(share, world_group), loss1)

@@ -10,6 +10,7 @@ the pairformer workload apply to the Pairformer stack; `n_blocks` is its depth.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -20,11 +21,19 @@ from cpbench.models.embeddings import TOKEN_FEATURES
 from cpbench.models.fold.atoms import AtomWindows
 from cpbench.models.fold.config import FoldConfig
 from cpbench.models.fold.diffusion import AtomContext, DiffusionSizes
-from cpbench.models.fold.model import FoldBatch, FoldModel
+from cpbench.models.fold.model import FoldModel
 from cpbench.models.fold.msa import MSAConfig
 from cpbench.models.pairformer import PairformerConfig, PairLayout
 from cpbench.workloads.base import RankContext, Shape
-from cpbench.workloads.pairformer import PairformerWorkload
+from cpbench.workloads.pairformer import PairformerBatch, PairformerWorkload
+
+
+@dataclass
+class FoldBatch(PairformerBatch):
+    """The Pairformer's token and pair fields, and the MSA and atoms."""
+
+    msa: dict[str, torch.Tensor]  # the MSA columns of my row tokens [S, N/rows]
+    atoms: AtomContext  # my atoms and their windows
 
 
 class FoldWorkload(PairformerWorkload):
@@ -83,17 +92,12 @@ class FoldWorkload(PairformerWorkload):
 
     def build_batch(self, shape: Shape, ctx: RankContext) -> FoldBatch:
         shard = fold_inputs(shape, ctx).to(ctx.device)
-        n = shard.n_tokens_padded
         windows, slots = AtomWindows.of_grid(shard.atom_bounds, Grid.from_context(ctx), shard.atom_block)
         atoms = {name: values[slots].clone() for name, values in shard.atoms.items()}  # mine alone
         return FoldBatch(
-            rows=shard.row_tokens,
-            cols=shard.col_tokens,
-            bonds=shard.pair["token_bonds"],
-            mask=(torch.arange(n, device=ctx.device) < shard.n_tokens).float(),  # padding is last
+            **FoldBatch.token_fields(shard),
             msa=shard.msa,
             atoms=AtomContext(atoms, windows, range(shard.rows.start, shard.rows.stop), ctx.seed),
-            n_valid=shard.n_tokens,
         )
 
     def columns(self, train: bool) -> dict[str, int]:

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from cpbench.distributed.grid import Grid
-from cpbench.inputs import fold_inputs
+from cpbench.inputs import FoldShard, fold_inputs
 from cpbench.models.embeddings import TOKEN_FEATURES, RelativePosition, token_features
 from cpbench.models.pairformer import PairformerConfig, PairformerStack, PairLayout
 from cpbench.models.pairformer.modules import LinearNoBias
@@ -30,6 +30,23 @@ class PairformerBatch:
     bonds: torch.Tensor  # [N/rows, N/cols] token_bonds block
     mask: torch.Tensor  # [N] float token mask of every (padded) token
     n_valid: int  # real tokens
+
+    @staticmethod
+    def token_fields(shard: FoldShard) -> dict:
+        """The token and pair fields of a batch from a shard already on its device."""
+        n = shard.n_tokens_padded
+        return dict(
+            rows=shard.row_tokens,
+            cols=shard.col_tokens,
+            bonds=shard.pair["token_bonds"],
+            # Real tokens first, padding last: the global mask needs no communication.
+            mask=(torch.arange(n, device=shard.pair["token_bonds"].device) < shard.n_tokens).float(),
+            n_valid=shard.n_tokens,
+        )
+
+    @classmethod
+    def of(cls, shard: FoldShard) -> PairformerBatch:
+        return cls(**cls.token_fields(shard))
 
 
 class InputEmbedder(nn.Module):
@@ -115,17 +132,7 @@ class PairformerWorkload:
         return model.to(ctx.device)  # weights stay float32; bf16 is autocast
 
     def build_batch(self, shape: Shape, ctx: RankContext) -> PairformerBatch:
-        shard = fold_inputs(shape, ctx).to(ctx.device)
-        n = shard.n_tokens_padded
-        # Real tokens first, padding last: the global mask needs no communication.
-        mask = (torch.arange(n, device=ctx.device) < shard.n_tokens).float()
-        return PairformerBatch(
-            rows=shard.row_tokens,
-            cols=shard.col_tokens,
-            bonds=shard.pair["token_bonds"],
-            mask=mask,
-            n_valid=shard.n_tokens,
-        )
+        return PairformerBatch.of(fold_inputs(shape, ctx).to(ctx.device))
 
     def autocast(self) -> torch.autocast:
         """bf16 autocast when the config asks for it (weights stay float32)."""

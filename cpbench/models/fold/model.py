@@ -7,7 +7,7 @@ see docs/fold.md for what each op communicates.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -16,21 +16,13 @@ from cpbench.distributed.comm import op_label
 from cpbench.models.embeddings import RelativePosition, token_features
 from cpbench.models.fold.atoms import AtomEncoder
 from cpbench.models.fold.config import FoldConfig
-from cpbench.models.fold.diffusion import AtomContext, DiffusionModule
+from cpbench.models.fold.diffusion import DiffusionModule
 from cpbench.models.fold.msa import MSAModule
 from cpbench.models.pairformer import PairformerStack, PairLayout
 from cpbench.models.pairformer.modules import LinearNoBias
 
-
-@dataclass
-class FoldBatch:
-    rows: dict[str, torch.Tensor]  # token features of my row tokens [N/rows, ...]
-    cols: dict[str, torch.Tensor]  # ... and of my column tokens [N/cols, ...]
-    bonds: torch.Tensor  # [N/rows, N/cols] token_bonds block
-    mask: torch.Tensor  # [N] float token mask of every (padded) token
-    msa: dict[str, torch.Tensor]  # the MSA columns of my row tokens [S, N/rows]
-    atoms: AtomContext  # my atoms and their windows
-    n_valid: int  # real tokens
+if TYPE_CHECKING:
+    from cpbench.workloads.fold import FoldBatch
 
 
 class FoldModel(nn.Module):
