@@ -59,6 +59,7 @@ class AtomWindows:
         self.lo, self.hi = self._span(index)
         self.n_windows = (self.hi - self.lo - 2 * HALO) // QUERIES
         self.group, self.row_group = group, row_group
+        self._key_mask: torch.Tensor | None = None
         self.owners = list(owners or [])
         # What moves between me and each shard's owner, by group rank: the slice of my atoms its
         # halo needs (local index), and how many of its atoms mine needs.
@@ -142,9 +143,12 @@ class AtomWindows:
         mine = flat[first : first + self.stop - self.start]
         return F.pad(mine, (0, 0) * (mine.dim() - 1) + (0, self.block - mine.shape[0]))
 
-    def key_mask(self) -> torch.Tensor:
-        """[W, 1, 1, 128] additive mask: keys outside the real atoms are masked out."""
-        return (ops.MASK_BIAS * (self.keys(self.real.float()) - 1))[:, None, None, :]
+    def key_mask(self, device: torch.device) -> torch.Tensor:
+        """[W, 1, 1, 128] additive mask: keys outside the real atoms are masked out. Made once per
+        batch and device: every atom transformer block of every sampling step uses it."""
+        if self._key_mask is None or self._key_mask.device != device:
+            self._key_mask = (ops.MASK_BIAS * (self.keys(self.real.float()) - 1))[:, None, None, :].to(device)
+        return self._key_mask
 
 
 class AtomConditioning(NamedTuple):
@@ -172,7 +176,7 @@ class AtomTransformer(nn.Module):
     ) -> torch.Tensor:
         """q [block, c] my atoms; c_ext [hi - lo, c] the conditioning of the extended range;
         p [W, 32, 128, c_pair]. Returns my atoms' q."""
-        key_mask = windows.key_mask().to(q.device)
+        key_mask = windows.key_mask(q.device)
         c_q = windows.queries(c_ext)
         for attention, transition in zip(self.attention, self.transition, strict=True):
             q_ext = windows.extend(q)
