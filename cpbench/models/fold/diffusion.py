@@ -127,15 +127,15 @@ class DiffusionModule(nn.Module):
         self,
         x_noisy: torch.Tensor,
         t_hat: float,
-        trunk: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
+        trunk: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
         mask: torch.Tensor,
         layout: PairLayout,
         atoms: AtomContext,
         atom_cond: AtomConditioning,
     ) -> torch.Tensor:
-        """x_noisy [block, 3]; trunk: (s_inputs, s_trunk, z_trunk, z_cond); atom_cond from
+        """x_noisy [block, 3]; trunk: (s_inputs, s_trunk, z_cond); atom_cond from
         `atom_conditioning`. Returns x_denoised."""
-        s_inputs, s_trunk, _, z_cond = trunk
+        s_inputs, s_trunk, z_cond = trunk
         with op_label("diffusion.conditioning"):
             s = self.conditioning.single(s_trunk, s_inputs, t_hat)
         r_noisy = x_noisy / math.sqrt(t_hat**2 + SIGMA_DATA**2)
@@ -148,11 +148,11 @@ class DiffusionModule(nn.Module):
         return SIGMA_DATA**2 / scale * x_noisy + SIGMA_DATA * t_hat / math.sqrt(scale) * r_update
 
     def atom_conditioning(
-        self, trunk: tuple[torch.Tensor, ...], layout: PairLayout, atoms: AtomContext
+        self, trunk: tuple[torch.Tensor, torch.Tensor, torch.Tensor], layout: PairLayout, atoms: AtomContext
     ) -> AtomConditioning:
         """The encoder's atom conditioning on s_trunk and the pair conditioning z_cond (Algorithm 20
         passes the conditioned pair representation): independent of the noise level."""
-        _, s_trunk, _, z_cond = trunk
+        _, s_trunk, z_cond = trunk
         with op_label("diffusion.atom_encoder"):
             trunk_cond = (s_trunk, z_cond, layout)
             return self.encoder.condition(atoms.atoms, atoms.windows, atoms.rows, trunk=trunk_cond)
@@ -160,7 +160,7 @@ class DiffusionModule(nn.Module):
     def sample(
         self,
         steps: int,
-        trunk: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
+        trunk: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
         mask: torch.Tensor,
         layout: PairLayout,
         atoms: AtomContext,
@@ -183,7 +183,7 @@ class DiffusionModule(nn.Module):
 
     def denoising_loss(
         self,
-        trunk: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
+        trunk: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
         mask: torch.Tensor,
         layout: PairLayout,
         atoms: AtomContext,

@@ -66,11 +66,12 @@ class FoldModel(nn.Module):
                 s, z = self.pairformer(s, z, batch.mask, layout)
         return s_inputs, s, z, relpos
 
-    def conditioned_trunk(self, batch: FoldBatch) -> tuple[torch.Tensor, ...]:
+    def conditioned_trunk(self, batch: FoldBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(s_inputs, s_trunk, z_cond): what the diffusion module reads of the trunk."""
         s_inputs, s, z, relpos = self.trunk(batch)
         with op_label("diffusion.conditioning"):
             z_cond = self.diffusion.conditioning.pair(z, relpos)
-        return s_inputs, s, z, z_cond
+        return s_inputs, s, z_cond
 
     def sample(self, batch: FoldBatch) -> torch.Tensor:
         """Positions [atom block, 3] of my atoms after `sampling_steps` denoising steps."""
