@@ -9,6 +9,7 @@ from cpbench.models.embeddings import TOKEN_FEATURES
 from cpbench.models.fold.diffusion import DiffusionSizes
 from cpbench.models.fold.msa import MSAConfig
 from cpbench.models.pairformer import PairformerConfig
+from cpbench.models.pairformer.config import require_positive
 
 
 @dataclass(frozen=True)
@@ -21,16 +22,10 @@ class FoldConfig:
     sampling_steps: int = 200  # inference: denoising steps of the diffusion sampler
 
     def __post_init__(self) -> None:
-        for name in ("input_atom_blocks", "n_cycles", "sampling_steps"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name}={value!r}: must be a positive integer")
+        require_positive(self, "input_atom_blocks", "n_cycles", "sampling_steps")
         d = self.diffusion
-        for name in ("c_atom", "c_atom_pair", "c_token", "atom_blocks", "atom_heads", "token_blocks",
-                     "token_heads", "fourier"):  # fmt: skip
-            value = getattr(d, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name}={value!r}: must be a positive integer")
+        require_positive(d, "c_atom", "c_atom_pair", "c_token", "atom_blocks", "atom_heads", "token_blocks",
+                         "token_heads", "fourier")  # fmt: skip
         for width, heads in (("c_atom", "atom_heads"), ("c_token", "token_heads")):
             if getattr(d, width) % getattr(d, heads):
                 raise ValueError(f"{heads}={getattr(d, heads)}: must divide {width}={getattr(d, width)}")

@@ -36,6 +36,7 @@ from torch import nn
 from cpbench.distributed.comm import op_label
 from cpbench.models.embeddings import TOKEN_FEATURES
 from cpbench.models.pairformer import ops
+from cpbench.models.pairformer.config import require_positive
 from cpbench.models.pairformer.layout import PairLayout
 from cpbench.models.pairformer.modules import (
     LinearNoBias,
@@ -80,15 +81,8 @@ class MSAConfig:
 
     def __post_init__(self) -> None:
         sizes = ("c_m", "c_z", "c_s_inputs", "n_blocks", "opm_hidden", "pwa_heads", "pwa_width")
-        for name in (*sizes, "tri_mul_hidden", "tri_heads", "tri_head_width", "transition_factor"):
-            if not _positive_int(getattr(self, name)):
-                raise ValueError(f"{name}={getattr(self, name)!r}: must be a positive integer")
-        if self.chunk_size is not None and not _positive_int(self.chunk_size):
-            raise ValueError(f"chunk_size={self.chunk_size!r}: must be null or a positive integer")
-
-
-def _positive_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+        require_positive(self, *sizes, "tri_mul_hidden", "tri_heads", "tri_head_width", "transition_factor")
+        require_positive(self, "chunk_size", nullable=True)
 
 
 def _col_tokens(x: torch.Tensor, layout: PairLayout, n: int, dim: int = 1) -> torch.Tensor:

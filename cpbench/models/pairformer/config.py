@@ -29,18 +29,12 @@ class PairformerConfig:
 
     def __post_init__(self) -> None:
         sizes = ("c_s", "c_z", "n_blocks", "tri_mul_hidden", "tri_heads", "tri_head_width", "single_heads")
-        for name in (*sizes, "transition_factor"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name}={value!r}: must be a positive integer")
+        require_positive(self, *sizes, "transition_factor")
+        require_positive(self, "chunk_size", nullable=True)
         if self.c_s % self.single_heads:
             raise ValueError(f"single_heads={self.single_heads}: must divide c_s={self.c_s}")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype={self.dtype!r}: allowed values are {', '.join(DTYPES)}")
-        if self.chunk_size is not None and (
-            not isinstance(self.chunk_size, int) or isinstance(self.chunk_size, bool) or self.chunk_size < 1
-        ):
-            raise ValueError(f"chunk_size={self.chunk_size!r}: must be null or a positive integer")
         if not isinstance(self.checkpoint, bool):
             raise ValueError(f"checkpoint={self.checkpoint!r}: allowed values are true, false")
         if self.compile not in COMPILE_MODES:
@@ -51,3 +45,14 @@ class PairformerConfig:
             raise ValueError(
                 f"compile=max-autotune needs compile_backend=inductor, not {self.compile_backend!r}"
             )
+
+
+def require_positive(config: object, *names: str, nullable: bool = False) -> None:
+    """Fail by name unless each field is a positive integer (a bool is not one; with `nullable`,
+    None passes too): the model configs check their sizes with this one rule."""
+    for name in names:
+        value = getattr(config, name)
+        if nullable and value is None:
+            continue
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"{name}={value!r}: must be {'null or ' if nullable else ''}a positive integer")
