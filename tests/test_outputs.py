@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from conftest import FAST, cpbench, ok, results
 
+from cpbench.results.store import append_row, read_results
+from cpbench.sweep import done_keys
+
 CONTRACT = ["workload", "workflow", "topology", "cp", "grid", "N_tokens", "N_atoms", "MSA_depth", "dtype",
             "status", "peak_mem_gib", "walltime_ms", "walltime_iqr_ms", "tokens_per_s", "comm_ms", "checksum",
             "kind"]  # fmt: skip
@@ -110,3 +113,15 @@ def test_rerun_resumes_instead_of_measuring_again(tmp_path):
     proc = ok(cpbench(*args, "sweep.n_tokens=[16,32]", cwd=tmp_path))
     assert "1 point(s) to measure" in proc.stderr
     assert list(results(out)["N_tokens"]) == [16, 32]
+
+
+def test_a_hash_that_looks_like_a_number_survives_appends(tmp_path):
+    """6168e7108345 reads as a float (inf) unless the store keeps labels as text; then every
+    rewrite corrupted it and a resumed run measured its points again (seen in a CI run)."""
+    path = tmp_path / "results.csv"
+    row = {"kind": "point", "N_tokens": 16, "N_atoms": 144, "MSA_depth": 16, "status": "ok"}
+    append_row(path, {**row, "config_hash": "6168e7108345"})
+    append_row(path, {**row, "N_tokens": 32, "config_hash": "0012345678"})
+    frame = read_results(path)
+    assert list(frame["config_hash"]) == ["6168e7108345", "0012345678"]
+    assert done_keys(frame, "6168e7108345") == {"point:16:144:16"}

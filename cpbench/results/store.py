@@ -40,10 +40,15 @@ def write_atomically(path: Path, text: str) -> None:
         raise
 
 
+# Label columns, read as text whatever they look like: a config hash such as 6168e7108345 would
+# otherwise parse as a float (inf), be written back so, and no longer match its run on resume.
+TEXT_COLUMNS = ("workload", "workflow", "topology", "grid", "dtype", "status", "kind", "config_hash", "error")
+
+
 def read_results(path: Path, columns: list[str] = COLUMNS) -> pd.DataFrame:
     if not path.exists():
         return pd.DataFrame(columns=columns)
-    return pd.read_csv(path, keep_default_na=False, na_values=[""])
+    return pd.read_csv(path, keep_default_na=False, na_values=[""], dtype=dict.fromkeys(TEXT_COLUMNS, str))
 
 
 def append_row(path: Path, row: Mapping[str, Any]) -> None:
