@@ -28,9 +28,9 @@ import torch
 from hydra import compose, initialize_config_module
 from hydra.utils import instantiate
 
-from cpbench.config.schema import register
+from cpbench.core import RankContext, Shape, Topology
 from cpbench.distributed.comm import CLOCK
-from cpbench.workloads.base import RankContext, Shape, Topology
+from cpbench.settings.schema import register
 
 FAMILIES = {  # op label prefix -> op family: the same op in the MSA module and the Pairformer counts once
     "input.atom_encoder": "input atom attention",
@@ -75,7 +75,7 @@ def op_times(args, n_atoms: int, msa_depth: int) -> dict[str, float]:
         cfg = compose("config", [f"workload={args.workload}"])
     workload = instantiate(cfg.workload)
     one = Topology("1d", 1, (1, 1))
-    ctx = RankContext(0, 1, 0, torch.device("cpu"), None, one, torch.float32, 0, (0, 0), None, None)
+    ctx = RankContext(0, 1, torch.device("cpu"), None, one, torch.float32, 0, (0, 0), None, None)
     model = workload.build_model(ctx)
     batch = workload.build_batch(Shape(args.n, n_atoms, msa_depth), ctx)
     train = args.workflow == "training"

@@ -13,10 +13,10 @@ import statistics
 
 import torch
 
+from cpbench.core import Shape, Topology
 from cpbench.measure.step import StepRunner
 from cpbench.runtime.rank import rank_runtime
 from cpbench.workloads.axial_mix import AxialMixWorkload
-from cpbench.workloads.base import Shape, Topology
 
 
 class NullWorkload:

@@ -38,11 +38,11 @@ import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from cpbench.core import RankContext, Shape, Topology
 from cpbench.distributed.comm import LEDGER
 from cpbench.measure.step import StepRunner
 from cpbench.models.pairformer import OP_LABELS
 from cpbench.runtime.mesh import build_mesh
-from cpbench.workloads.base import RankContext, Shape, Topology
 from cpbench.workloads.pairformer import PairformerWorkload
 
 REDUCED = dict(c_s=64, c_z=32, n_blocks=1, tri_mul_hidden=32, tri_heads=4, tri_head_width=8, single_heads=4)
@@ -95,7 +95,7 @@ def _rank(rank: int, world: int, tmp: str, kind: str, grid, n: int, train: bool,
         )
         topology = Topology(kind, world, grid)
         mesh, coords, (row_peers, col_peers) = build_mesh(topology, "cpu")
-        ctx = RankContext(rank, world, rank, torch.device("cpu"), mesh, topology, torch.float32, 0, coords,
+        ctx = RankContext(rank, world, torch.device("cpu"), mesh, topology, torch.float32, 0, coords,
                           row_peers, col_peers)  # fmt: skip
         workload = PairformerWorkload(**REDUCED)
         model = workload.build_model(ctx)

@@ -14,18 +14,19 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.errors import InstantiationException
 from hydra.types import RunMode
 from hydra.utils import instantiate
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from cpbench.bench import RunSpec, run_rank
-from cpbench.config.schema import register
-from cpbench.config.validate import ConfigError, validate
+from cpbench.core import ConfigError
 from cpbench.launch import slurm
 from cpbench.launch.local import RankFailure, launch_local
-from cpbench.launch.outcome import clear_failure, record_failure
-from cpbench.report.markdown import write_report
+from cpbench.launch.outcome import close_failed
+from cpbench.results.folder import RunFolder
 from cpbench.runtime.rank import pick_backend
-from cpbench.sweep import InFlight
+from cpbench.settings.schema import BenchConfig, register
+from cpbench.settings.validate import to_settings, validate
 from cpbench.workloads.adapter import WorkloadError
+from cpbench.workloads.base import Workload
 
 register()
 
@@ -34,7 +35,7 @@ def _under_torchrun() -> bool:
     return "TORCHELASTIC_RUN_ID" in os.environ or ("RANK" in os.environ and "WORLD_SIZE" in os.environ)
 
 
-def _check_environment(cfg: DictConfig, cp: int) -> None:
+def _check_environment(settings: BenchConfig, cp: int) -> None:
     if _under_torchrun():
         world = int(os.environ["WORLD_SIZE"])
         if world != cp:
@@ -44,7 +45,7 @@ def _check_environment(cfg: DictConfig, cp: int) -> None:
         local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
     else:
         local = cp
-    if pick_backend(cfg.dist.backend) == "nccl":
+    if pick_backend(settings.dist.backend) == "nccl":
         import torch
 
         visible = torch.cuda.device_count()
@@ -77,16 +78,16 @@ def _job_tasks_as_ranks(cp: int) -> None:
     submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False, overwrite=True)
 
 
-def _check_workload(cfg: DictConfig) -> None:
+def _build_workload(settings: BenchConfig) -> Workload:
+    """Built here first so that a bad workload fails before any rank starts."""
     try:
-        instantiate(cfg.workload)
+        return instantiate(settings.workload)
     except InstantiationException as err:
         cause = err.__cause__
         if isinstance(cause, WorkloadError):
             raise ConfigError(str(cause)) from None
         raise ConfigError(
-            f"workload: cannot be built from {OmegaConf.to_container(cfg.workload)} "
-            f"({str(err).splitlines()[0]})"
+            f"workload: cannot be built from {settings.workload} ({str(err).splitlines()[0]})"
         ) from None
 
 
@@ -94,67 +95,65 @@ def run(cfg: DictConfig, in_sweep: bool = False) -> int:
     """Validate, then run as one rank (torchrun, or cp=1), launch the ranks, or submit them to SLURM.
     Returns the exit code. In a sweep (`in_sweep`) every failure is recorded in failure.json and even
     cp=1 runs in its own process, so that one job leaves nothing behind in the next."""
-    output_dir = Path(cfg.output_dir).resolve()
-    to_slurm = cfg.slurm.enabled
+    folder = RunFolder(Path(cfg.output_dir).resolve())
     try:
-        topology = validate(cfg)
-        if to_slurm:
-            slurm.layout(topology.cp, cfg.slurm)
+        settings = to_settings(cfg)
+        topology = validate(settings)
+        if settings.slurm.enabled:
+            slurm.layout(topology.cp, settings.slurm)
         else:
             _job_tasks_as_ranks(topology.cp)
-            _check_environment(cfg, topology.cp)
-        _check_workload(cfg)
+            _check_environment(settings, topology.cp)
+        workload = _build_workload(settings)
     except ConfigError as err:
         print(f"cpbench: error: {err}", file=sys.stderr)
         if in_sweep:
-            record_failure(output_dir, 2, str(err))
-        elif output_dir.is_dir() and not any(output_dir.iterdir()):
-            output_dir.rmdir()  # Hydra made it for this run; a rejected run leaves nothing
+            cp = cfg.topology.cp
+            folder.record_failure(2, str(err), cp=cp if isinstance(cp, int) else None)
+        elif folder.root.is_dir() and not any(folder.root.iterdir()):
+            folder.root.rmdir()  # Hydra made it for this run; a rejected run leaves nothing
         return 2
-    clear_failure(output_dir)
-    spec = RunSpec(
-        cfg=OmegaConf.to_container(cfg, resolve=True, enum_to_str=True), output_dir=str(output_dir)
-    )
-    if to_slurm:
-        return _submit(spec, cfg, topology.cp, in_sweep)
+    folder.clear_failure()
+    spec = RunSpec(settings=settings, output_dir=str(folder.root))
+    if settings.slurm.enabled:
+        return _submit(spec, topology.cp, in_sweep)
     if _under_torchrun() or (topology.cp == 1 and not in_sweep):
-        run_rank(spec)
+        run_rank(spec, workload)
         return 0
     try:
-        launch_local(spec, topology.cp, cfg.launch.max_restarts)
+        launch_local(spec, topology.cp, settings.launch.max_restarts)
     except RankFailure as failure:
-        InFlight(output_dir).close("crashed" if failure.crashed else "error", str(failure))
-        write_report(output_dir)
-        record_failure(output_dir, 1, str(failure), failure.traceback)
+        status = "crashed" if failure.crashed else "error"
+        close_failed(folder, topology.cp, status, str(failure), 1, failure.traceback)
         print(f"cpbench: {failure}", file=sys.stderr)
         if failure.traceback:
             print(failure.traceback, file=sys.stderr)
-        print(f"cpbench: rows measured so far are in {output_dir / 'results.csv'}", file=sys.stderr)
+        print(f"cpbench: rows measured so far are in {folder.results}", file=sys.stderr)
         return 1
     return 0
 
 
-def _submit(spec: RunSpec, cfg: DictConfig, cp: int, in_sweep: bool) -> int:
+def _submit(spec: RunSpec, cp: int, in_sweep: bool) -> int:
     """One SLURM job of cp tasks through submitit; wait for it unless told not to. A multirun under
     Hydra's basic launcher leaves the waiting to the end of the sweep, so its jobs run side by side."""
-    output_dir = Path(spec.output_dir)
-    if cfg.slurm.dry_run:
-        path = slurm.write_script(cfg, output_dir, cp)
+    folder, settings = RunFolder(spec.output_dir), spec.settings
+    if settings.slurm.dry_run:
+        path = slurm.write_script(settings, folder, cp)
         print(path.read_text())
         print(f"cpbench: sbatch script written, nothing submitted: {path}", file=sys.stderr)
         return 0
-    job = slurm.submit(spec, cfg, cp)
+    job = slurm.submit(spec, cp)
     print(
-        f"cpbench: submitted {cfg.slurm.cluster} job {job.job_id} "
-        f"({slurm.layout(cp, cfg.slurm)}) -> {output_dir}",
+        f"cpbench: submitted {settings.slurm.cluster} job {job.job_id} "
+        f"({slurm.layout(cp, settings.slurm)}) -> {folder.root}",
         file=sys.stderr,
     )
-    if not cfg.slurm.wait:
+    if not settings.slurm.wait:
         return 0
     if in_sweep and not _in_submitit_job():
-        slurm.defer(job, output_dir)
+        slurm.defer(job, folder, cp)
         return 0
-    return slurm.finish(job, output_dir)
+    return slurm.finish(job, folder, cp)
 
 
 def _sweep_job_dir() -> Path | None:
@@ -178,10 +177,11 @@ def app(cfg: DictConfig) -> None:
         run(cfg, in_sweep=True)
     except Exception as err:  # a rank of this process raised: record it like any failed job
         error = f"{type(err).__name__}: {err}".strip().splitlines()[0]
+        folder, detail, cp = RunFolder(job_dir), traceback.format_exc(limit=-4), cfg.topology.cp
         if os.environ.get("RANK", "0") == "0":
-            InFlight(job_dir).close("error", error)
-            write_report(job_dir)
-        record_failure(job_dir, 1, error, traceback.format_exc(limit=-4), first=True)
+            close_failed(folder, cp, "error", error, 1, detail, first=True)
+        else:
+            folder.record_failure(1, error, detail, first=True, cp=cp)
         print(f"cpbench: job failed: {error}", file=sys.stderr)
 
 

@@ -13,9 +13,9 @@ import torch
 import torch.distributed as dist
 from test_pairformer_cp import loss_and_grads, one_rank, rank_context, report, spawn
 
+from cpbench.core import Shape
 from cpbench.distributed.comm import LEDGER, all_reduce_sum
 from cpbench.models.fold.atoms import HALO, QUERIES, AtomWindows
-from cpbench.workloads.base import Shape
 from cpbench.workloads.fold import FoldWorkload
 
 TINY = dict(c_s=16, c_z=8, n_blocks=1, tri_mul_hidden=8, tri_heads=2, tri_head_width=4, single_heads=2,

@@ -9,7 +9,7 @@ import torch
 from conftest import FAST, cpbench, ok, results, torchrun
 from test_fold_cp import TINY
 
-from cpbench.workloads.base import RankContext, Shape, Topology
+from cpbench.core import RankContext, Shape, Topology
 from cpbench.workloads.fold import FoldWorkload
 
 SIZES = [f"workload.{key}={value}" for key, value in TINY.items() if key != "sampling"]
@@ -62,10 +62,10 @@ def test_bf16_follows_the_run_dtype() -> None:
     """bf16 autocast over the whole model (weights stay float32); atom ids and positions keep their
     own dtypes through the halo, so the windows are the same."""
     one = Topology("1d", 1, (1, 1))
-    ctx = RankContext(0, 1, 0, torch.device("cpu"), None, one, torch.bfloat16, 0, (0, 0), None, None)
+    ctx = RankContext(0, 1, torch.device("cpu"), None, one, torch.bfloat16, 0, (0, 0), None, None)
     workload = FoldWorkload(**TINY)
     model = workload.build_model(ctx)
-    assert workload.cfg.dtype == "bf16" and all(p.dtype == torch.float32 for p in model.parameters())
+    assert model.precision == "bf16" and all(p.dtype == torch.float32 for p in model.parameters())
     batch = workload.build_batch(Shape(20, 150, 3), ctx)
     assert torch.isfinite(workload.run_step(model, batch, train=False)).all()
     loss = workload.run_step(model, batch, train=True)

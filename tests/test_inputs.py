@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 import torch
 
+from cpbench.core import Shape, Topology
 from cpbench.inputs import SPECS, FoldShard, chains_from_seed, parse_chains, synthesize, validate_features
 from cpbench.inputs.contract import DNA, LIGAND, MAX_DELETIONS, PROTEIN, RNA, UNK, deletion_value_of
 from cpbench.inputs.make_example import ONE_RANK, whole_features
 from cpbench.inputs.synth import SynthSource
-from cpbench.workloads.base import Shape, Topology
 
 TOPOLOGIES = {
     "1d-cp1": Topology("1d", 1, (1, 1)),

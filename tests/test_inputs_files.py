@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
+from cpbench.core import Shape, Topology
 from cpbench.inputs import FEATURES, FeatureError, load_features, shard_features, synthesize
 from cpbench.inputs.make_example import ONE_RANK, whole_features
-from cpbench.workloads.base import Shape, Topology
 
 SHAPE = Shape(120, 0, 6)
 SEED = 3

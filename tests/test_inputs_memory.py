@@ -7,8 +7,8 @@ import tracemalloc
 
 import pytest
 
+from cpbench.core import Shape, Topology
 from cpbench.inputs import FoldShard, synthesize
-from cpbench.workloads.base import Shape, Topology
 
 # Large enough that the O(N^2) pair block dominates the O(N) column token features.
 SHAPE = Shape(2048, 0, 8)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from conftest import FAST, cpbench, ok, results
 
+from cpbench.results.folder import RunFolder
 from cpbench.results.store import append_row, read_results
-from cpbench.sweep import done_keys
 
 CONTRACT = ["workload", "workflow", "topology", "cp", "grid", "N_tokens", "N_atoms", "MSA_depth", "dtype",
             "status", "peak_mem_gib", "walltime_ms", "walltime_iqr_ms", "tokens_per_s", "comm_ms", "checksum",
@@ -124,4 +124,4 @@ def test_a_hash_that_looks_like_a_number_survives_appends(tmp_path):
     append_row(path, {**row, "N_tokens": 32, "config_hash": "0012345678"})
     frame = read_results(path)
     assert list(frame["config_hash"]) == ["6168e7108345", "0012345678"]
-    assert done_keys(frame, "6168e7108345") == {"point:16:144:16"}
+    assert RunFolder(tmp_path).done_keys("6168e7108345") == {"point:16:144:16"}

@@ -23,6 +23,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from cpbench.core import RankContext, Topology
 from cpbench.distributed.comm import LEDGER, all_reduce_sum, op_label
 from cpbench.distributed.grid import Grid
 from cpbench.models.pairformer import (
@@ -33,7 +34,6 @@ from cpbench.models.pairformer import (
     PairLayout,
 )
 from cpbench.runtime.mesh import build_mesh
-from cpbench.workloads.base import RankContext, Topology
 
 N = 12  # tiles 2, 4, 2x2, 1x2 and 2x1; the last PAD tokens are padding
 PAD = 3
@@ -83,14 +83,14 @@ def rank_context(rank: int, world: int, tmp: str, kind: str, grid: tuple[int, in
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timedelta(seconds=90))
     topology = Topology(kind, world, grid)
     mesh, coords, (row_peers, col_peers) = build_mesh(topology, "cpu")
-    return RankContext(rank, world, rank, torch.device("cpu"), mesh, topology, torch.float32, 0, coords,
+    return RankContext(rank, world, torch.device("cpu"), mesh, topology, torch.float32, 0, coords,
                        row_peers, col_peers)  # fmt: skip
 
 
 def one_rank(ctx: RankContext) -> RankContext:
     """The same rank as a world of one: the reference every CP layout is compared with."""
     one = Topology("1d", 1, (1, 1))
-    return RankContext(0, 1, 0, ctx.device, None, one, ctx.dtype, ctx.seed, (0, 0), None, None)
+    return RankContext(0, 1, ctx.device, None, one, ctx.dtype, ctx.seed, (0, 0), None, None)
 
 
 def loss_and_grads(workload, model, batch) -> tuple[torch.Tensor, list[torch.Tensor]]:

@@ -11,8 +11,8 @@ import torch.distributed as dist
 from conftest import cpbench, ok, results
 from test_pairformer_cp import loss_and_grads, one_rank, rank_context, report, spawn
 
+from cpbench.core import RankContext, Shape, Topology
 from cpbench.distributed.comm import all_reduce_sum
-from cpbench.workloads.base import RankContext, Shape, Topology
 from cpbench.workloads.pairformer import PairformerWorkload
 
 SMALL = dict(c_s=8, c_z=8, n_blocks=1, tri_mul_hidden=8, tri_heads=2, tri_head_width=4, single_heads=2)
@@ -66,10 +66,10 @@ def test_workload_cp_equals_one_rank(kind: str, grid: tuple[int, int]) -> None:
 
 def test_bf16_follows_the_run_dtype() -> None:
     one = Topology("1d", 1, (1, 1))
-    ctx = RankContext(0, 1, 0, torch.device("cpu"), None, one, torch.bfloat16, 0, (0, 0), None, None)
+    ctx = RankContext(0, 1, torch.device("cpu"), None, one, torch.bfloat16, 0, (0, 0), None, None)
     workload = PairformerWorkload(**SMALL)
     model = workload.build_model(ctx)
-    assert workload.cfg.dtype == "bf16"
+    assert model.precision == "bf16"
     assert all(p.dtype == torch.float32 for p in model.parameters())  # autocast, not bf16 weights
     loss = workload.run_step(model, workload.build_batch(SHAPE, ctx), train=True)
     loss.backward()

@@ -12,13 +12,11 @@ import pandas as pd
 import pytest
 from conftest import results, run_cmd
 
-from cpbench.launch.outcome import record_failure
-from cpbench.report import metadata
 from cpbench.report.markdown import readout
 from cpbench.report.merge import collect, merge
 from cpbench.report.plots import MAX_N_PNG, WALLTIME_PNG, write_plots
+from cpbench.results.folder import RunFolder
 from cpbench.results.store import append_row
-from cpbench.sweep import InFlight
 
 # Max N that fits: 1000 at cp=1, 1400 at cp=2 (1.40x), 1900 at cp=4 (1.90x; ideal 2.00x: 95%).
 MAX_N = {1: 1000, 2: 1400, 4: 1900}
@@ -46,7 +44,7 @@ def _row(cp: int, n: int, kind: str = "point", dtype: str = "float32", **values)
 
 def _run(folder: Path, cp: int, rows: list[dict]) -> Path:
     folder.mkdir(parents=True)
-    metadata.write(folder, _meta(cp))
+    RunFolder(folder).write_metadata(_meta(cp))
     for row in rows:
         append_row(folder / "results.csv", row)
     return folder
@@ -71,9 +69,9 @@ def sweep(tmp_path) -> Path:
         root / "3_cp2", 2, [_row(2, 256, dtype="bfloat16", walltime_ms=7.0, walltime_iqr_ms=0.5, comm_ms=1.0)]
     )
     (root / "4_cp8").mkdir()
-    record_failure(root / "4_cp8", 1, "rank 3 failed: RuntimeError: NCCL error")
+    RunFolder(root / "4_cp8").record_failure(1, "rank 3 failed: RuntimeError: NCCL error", cp=8)
     killed = _run(root / "5_cp4", 4, [_row(4, 128, walltime_ms=9.0, walltime_iqr_ms=1.0, comm_ms=5.0)])
-    InFlight(killed).start(_row(4, 256))
+    RunFolder(killed).in_flight.start(_row(4, 256))
     return root
 
 

@@ -15,9 +15,10 @@ import pytest
 from conftest import FAST, TESTS, cpbench, ok, results
 from omegaconf import OmegaConf
 
-from cpbench.config.slurm import SlurmConfig
-from cpbench.config.validate import ConfigError
 from cpbench.launch import slurm
+from cpbench.results.folder import RunFolder
+from cpbench.settings.slurm import SlurmConfig
+from cpbench.settings.validate import ConfigError
 
 QUICK = FAST
 LOCAL = ["slurm.enabled=true", "slurm.cluster=local", "slurm.gpus_per_node=0"]
@@ -91,7 +92,7 @@ def test_executor_parameters_follow_cp_and_the_slurm_keys(tmp_path):
     }
     # submitit itself takes them (its local executor needs no cluster; it ignores the slurm_ ones).
     local = OmegaConf.merge(cfg, {"slurm": {"cluster": "local", "gpus_per_node": 0}})
-    executor = slurm.build_executor(local, tmp_path, 4)
+    executor = slurm.build_executor(local, RunFolder(tmp_path), 4)
     assert executor.cluster == "local" and executor.folder == (tmp_path / "slurm" / "%j").resolve()
     assert {k: executor.parameters[k] for k in ("tasks_per_node", "nodes", "timeout_min")} == {
         "tasks_per_node": 4,
@@ -210,7 +211,7 @@ def test_a_preempted_job_requeues_and_resumes_mid_sweep(tmp_path, monkeypatch):
     from hydra import compose, initialize_config_module
 
     from cpbench.bench import RunSpec
-    from cpbench.config.schema import register
+    from cpbench.settings.schema import register
 
     (tmp_path / "slow_steps.py").write_text(SLOW_STEPS)
     monkeypatch.setenv("PYTHONPATH", f"{TESTS}:{tmp_path}")  # the tasks import the workload
@@ -222,8 +223,8 @@ def test_a_preempted_job_requeues_and_resumes_mid_sweep(tmp_path, monkeypatch):
             [*LOCAL, "topology.cp=2", "workload=adapter", "workload.module=slow_steps",
              "sweep.n_tokens=[16,32,48]", *QUICK, f"output_dir={out}"],
         )  # fmt: skip
-    spec = RunSpec(cfg=OmegaConf.to_container(cfg, resolve=True, enum_to_str=True), output_dir=str(out))
-    job = slurm.submit(spec, cfg, 2)
+    spec = RunSpec(settings=OmegaConf.to_object(cfg), output_dir=str(out))
+    job = slurm.submit(spec, 2)
     try:
         state = out / "state.json"
 
@@ -253,7 +254,7 @@ def test_hydra_slurm_launcher_config_runs_one_task_per_job(tmp_path):
     launches its own cp ranks), requeued on timeout, its submitit files under the output dir."""
     from hydra import compose, initialize_config_module
 
-    from cpbench.config.schema import register
+    from cpbench.settings.schema import register
 
     register()
     with initialize_config_module("cpbench.configs", version_base="1.3"):

@@ -9,15 +9,12 @@ local operation, so one code path serves one rank, 1d and 2d. Every transfer goe
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 
+from cpbench.core import RankContext, Tiling
 from cpbench.distributed.comm import all_gather, all_to_all_v, broadcast, send_recv
-
-if TYPE_CHECKING:
-    from cpbench.workloads.base import RankContext
 
 
 def _overlap(a: range, b: range) -> range:
@@ -64,16 +61,18 @@ class Grid:
         )
 
     @property
+    def tiling(self) -> Tiling:
+        return Tiling(self.rows, self.cols)
+
+    @property
     def size(self) -> int:
-        return self.rows * self.cols
+        return self.tiling.size
 
     def row_block(self, i: int, n: int) -> range:
-        h = n // self.rows
-        return range(i * h, (i + 1) * h)
+        return self.tiling.row_block(i, n)
 
     def col_block(self, j: int, n: int) -> range:
-        w = n // self.cols
-        return range(j * w, (j + 1) * w)
+        return self.tiling.col_block(j, n)
 
     def my_rows(self, n: int) -> range:
         return self.row_block(self.r, n)

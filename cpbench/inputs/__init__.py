@@ -7,6 +7,7 @@
 See docs/inputs.md for the contract, padding and placement.
 """
 
+from cpbench.core import RankContext, Shape
 from cpbench.inputs.chains import ChainTable, chains_from_seed, parse_chains
 from cpbench.inputs.contract import FEATURES, MOL_TYPES, RES_TYPES, SPECS, FeatureSpec, padded_tokens
 from cpbench.inputs.files import (
@@ -19,14 +20,13 @@ from cpbench.inputs.files import (
 )
 from cpbench.inputs.shard import FoldShard
 from cpbench.inputs.synth import synthesize
-from cpbench.workloads.base import RankContext, Shape
 
 
-def fold_inputs(shape: Shape, ctx: RankContext, atoms_per_token: int = 9) -> FoldShard:
+def fold_inputs(shape: Shape, ctx: RankContext) -> FoldShard:
     """This rank's shard of the run's inputs: the user's file (`data.path`) or synthesized ones."""
     if ctx.data_path:
         return shard_features(load_features(ctx.data_path), ctx.topology, ctx.coords, shape.msa_depth)
-    return synthesize(shape, ctx.topology, ctx.coords, ctx.seed, atoms_per_token)
+    return synthesize(shape, ctx.topology, ctx.coords, ctx.seed)
 
 
 __all__ = [

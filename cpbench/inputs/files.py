@@ -12,9 +12,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from cpbench.core import Shape, Topology
 from cpbench.inputs.contract import FEATURES, NUM_RES_TYPES, FeatureSpec, group
 from cpbench.inputs.shard import FoldShard, build_shard
-from cpbench.workloads.base import Shape, Topology
 
 TORCH_SUFFIXES = (".pt", ".pth", ".torch")
 

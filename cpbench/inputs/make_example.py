@@ -14,12 +14,12 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from cpbench.core import Shape, Topology
 from cpbench.inputs.chains import parse_chains
 from cpbench.inputs.contract import MOL_TYPES
 from cpbench.inputs.files import load_features, save_features
 from cpbench.inputs.shard import FoldShard
 from cpbench.inputs.synth import synthesize
-from cpbench.workloads.base import Shape, Topology
 
 ONE_RANK = Topology(kind="1d", cp=1, grid=(1, 1))
 

@@ -10,8 +10,8 @@ from typing import Protocol
 import numpy as np
 import torch
 
+from cpbench.core import Shape, Topology
 from cpbench.inputs.contract import SPECS, atom_block_size, group, padded_tokens
-from cpbench.workloads.base import Shape, Topology
 
 
 class FeatureSource(Protocol):
@@ -97,16 +97,6 @@ class FoldShard:
         return replace(self, **parts)
 
 
-def token_ranges(n_padded: int, topology: Topology, coords: tuple[int, int]) -> tuple[slice, slice]:
-    """This rank's global [rows, cols] token ranges (the same rule as RankContext.block)."""
-    rows, cols = topology.grid
-    r, c = coords
-    if not (0 <= r < rows and 0 <= c < cols):
-        raise ValueError(f"coords {coords} outside the {topology.label} grid {topology.grid}")
-    h, w = n_padded // rows, n_padded // cols
-    return slice(r * h, (r + 1) * h), slice(c * w, (c + 1) * w)
-
-
 def _padded(values: np.ndarray, name: str, length: int, axis: int = 0, fill: int = 0) -> np.ndarray:
     """`values` grown with `fill` to `length` along `axis`, in the contract dtype."""
     dtype = SPECS[name].dtype
@@ -146,7 +136,7 @@ def build_shard(source: FeatureSource, topology: Topology, coords: tuple[int, in
     if source.n_tokens < 1:
         raise ValueError("fold inputs need at least one token")
     n_padded = padded_tokens(source.n_tokens, topology.grid)
-    rows, cols = token_ranges(n_padded, topology, coords)
+    rows, cols = topology.tiling.block_slices(coords, n_padded)
     n = source.n_tokens
 
     # Atom placement: O(rows) prefix values, not the atom array.

@@ -15,6 +15,7 @@ import math
 
 import numpy as np
 
+from cpbench.core import Shape, Topology
 from cpbench.inputs.chains import ChainTable, chains_from_seed
 from cpbench.inputs.contract import (
     ALPHABETS,
@@ -28,7 +29,6 @@ from cpbench.inputs.contract import (
     deletion_value_of,
 )
 from cpbench.inputs.shard import FoldShard, build_shard
-from cpbench.workloads.base import Shape, Topology
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _MIX1 = np.uint64(0xBF58476D1CE4E5B9)

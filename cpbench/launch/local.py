@@ -16,6 +16,7 @@ from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from cpbench.bench import RunSpec, run_rank
 from cpbench.measure.point import OutOfMemoryAlone
+from cpbench.results.folder import RunFolder
 
 
 @dataclass
@@ -85,7 +86,7 @@ def launch_local(spec: RunSpec, nprocs: int, max_restarts: int = 0) -> None:
 
 
 def _launch_once(spec: RunSpec, nprocs: int) -> None:
-    log_dir = Path(spec.output_dir) / "logs" / "launch"
+    log_dir = RunFolder(spec.output_dir).launch_logs
     log_dir.mkdir(parents=True, exist_ok=True)
     config = LaunchConfig(
         min_nodes=1,

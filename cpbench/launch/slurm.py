@@ -7,7 +7,6 @@ ranks skip every point already in results.csv, so nothing measured is lost or me
 
 from __future__ import annotations
 
-import json
 import math
 import sys
 from dataclasses import asdict, dataclass
@@ -15,22 +14,19 @@ from pathlib import Path
 from typing import Any
 
 import submitit
-from omegaconf import DictConfig
 from submitit.core.utils import FailedJobError
 from submitit.helpers import Checkpointable, DelayedSubmission, TorchDistributedEnvironment
 from submitit.slurm.slurm import SlurmExecutor
 
 from cpbench.bench import RunSpec, run_rank
-from cpbench.config.validate import ConfigError
+from cpbench.core import ConfigError
 from cpbench.launch.local import _CONSEQUENCES
-from cpbench.launch.outcome import record_failure
-from cpbench.probe.state import PROBE_JSON
-from cpbench.report.markdown import write_report
-from cpbench.results.store import write_atomically
-from cpbench.sweep import InFlight
+from cpbench.launch.outcome import close_failed
+from cpbench.probe.state import ProbeState
+from cpbench.results.folder import RunFolder
+from cpbench.settings.schema import BenchConfig
+from cpbench.settings.slurm import SlurmConfig
 
-SLURM_DIR = "slurm"  # under output_dir: submitit's pickles and every task's logs, one folder per job
-SUBMITTED_JSON = "submitted.json"
 # One failing rank ends the job: its peers would otherwise wait in a collective until the timeout.
 SRUN_ARGS = ["--kill-on-bad-exit=1"]
 
@@ -48,7 +44,7 @@ class Layout:
         return f"{self.nodes} node(s) x {self.tasks_per_node} rank(s){gpus}"
 
 
-def layout(cp: int, slurm: DictConfig) -> Layout:
+def layout(cp: int, slurm: SlurmConfig) -> Layout:
     """Fewest nodes that hold `cp` ranks, the same number on each node."""
     if slurm.cluster not in ("slurm", "local"):
         raise ConfigError(f"slurm.cluster={slurm.cluster}: allowed values are slurm, local")
@@ -75,7 +71,7 @@ def layout(cp: int, slurm: DictConfig) -> Layout:
     return Layout(nodes, tasks, tasks if slurm.gpus_per_node else 0)
 
 
-def executor_parameters(cfg: DictConfig, cp: int) -> dict[str, Any]:
+def executor_parameters(cfg: BenchConfig, cp: int) -> dict[str, Any]:
     """The submitit AutoExecutor parameters of the job (generic ones, and `slurm_` ones for sbatch)."""
     s, shape = cfg.slurm, layout(cp, cfg.slurm)
     params: dict[str, Any] = {
@@ -98,14 +94,10 @@ def executor_parameters(cfg: DictConfig, cp: int) -> dict[str, Any]:
     return {k: v for k, v in params.items() if v is not None}
 
 
-def job_folder(output_dir: Path) -> Path:
-    return output_dir / SLURM_DIR / "%j"
-
-
-def build_executor(cfg: DictConfig, output_dir: Path, cp: int) -> submitit.AutoExecutor:
+def build_executor(cfg: BenchConfig, folder: RunFolder, cp: int) -> submitit.AutoExecutor:
     cluster = cfg.slurm.cluster
     executor = submitit.AutoExecutor(
-        folder=job_folder(output_dir),
+        folder=folder.slurm_job("%j"),
         cluster=cluster,
         **{f"{cluster}_max_num_timeout": cfg.slurm.max_requeues},
     )
@@ -121,9 +113,9 @@ class _ScriptOnly(SlurmExecutor):
         return 1
 
 
-def sbatch_script(cfg: DictConfig, output_dir: Path, cp: int) -> str:
+def sbatch_script(cfg: BenchConfig, folder: RunFolder, cp: int) -> str:
     """The sbatch script submitit would submit for this run, built by submitit itself."""
-    executor = _ScriptOnly(job_folder(output_dir), max_num_timeout=cfg.slurm.max_requeues)
+    executor = _ScriptOnly(folder.slurm_job("%j"), max_num_timeout=cfg.slurm.max_requeues)
     params = executor_parameters(cfg, cp)
     generic = {k: v for k, v in params.items() if not k.startswith("slurm_")}
     specific = {k.removeprefix("slurm_"): v for k, v in params.items() if k.startswith("slurm_")}
@@ -142,40 +134,32 @@ class SlurmRanks(Checkpointable):
 
     def checkpoint(self, spec: RunSpec) -> DelayedSubmission:
         """Called on task 0 when the job is timed out or preempted, just before it is requeued."""
-        _forget_in_flight(Path(spec.output_dir))
+        # The point (or probe step) being measured was interrupted, not broken: the requeued job
+        # measures it again instead of recording it as crashed (or, for the probe, as not fitting).
+        folder = RunFolder(spec.output_dir)
+        folder.in_flight.abandon()
+        ProbeState(folder).abandon()
         return DelayedSubmission(self, spec)
 
 
-def _forget_in_flight(output_dir: Path) -> None:
-    """The point (or probe step) being measured was interrupted, not broken: clear its in-flight mark
-    so that the requeued job measures it again instead of recording it as crashed (or, for the probe,
-    as not fitting)."""
-    for path in (InFlight(output_dir).path, output_dir / PROBE_JSON):
-        if path.exists():
-            state = json.loads(path.read_text())
-            if state.get("in_flight") is not None:
-                write_atomically(path, json.dumps({**state, "in_flight": None}, indent=1) + "\n")
-
-
-def submit(spec: RunSpec, cfg: DictConfig, cp: int) -> submitit.Job:
+def submit(spec: RunSpec, cp: int) -> submitit.Job:
     """Submit the run as one job; note its id under output_dir/slurm for reports and people."""
-    output_dir = Path(spec.output_dir)
-    job = build_executor(cfg, output_dir, cp).submit(SlurmRanks(), spec)
+    folder, cfg = RunFolder(spec.output_dir), spec.settings
+    job = build_executor(cfg, folder, cp).submit(SlurmRanks(), spec)
     note = {
         "job_id": job.job_id,
         "cluster": cfg.slurm.cluster,
         "layout": asdict(layout(cp, cfg.slurm)),
-        "folder": str(output_dir / SLURM_DIR / job.job_id),
+        "folder": str(folder.slurm_job(job.job_id)),
     }
-    write_atomically(output_dir / SLURM_DIR / SUBMITTED_JSON, json.dumps(note, indent=2) + "\n")
+    folder.write_json(folder.submitted, note)
     return job
 
 
-def write_script(cfg: DictConfig, output_dir: Path, cp: int) -> Path:
+def write_script(cfg: BenchConfig, folder: RunFolder, cp: int) -> Path:
     """`slurm.dry_run`: the script lands where the job's files would, and nothing is submitted."""
-    path = output_dir / SLURM_DIR / "cpbench.sbatch"
-    write_atomically(path, sbatch_script(cfg, output_dir, cp))
-    return path
+    folder.write_text(folder.sbatch_script, sbatch_script(cfg, folder, cp))
+    return folder.sbatch_script
 
 
 def _summary(error: Exception) -> str:
@@ -204,33 +188,31 @@ def failure_of(job: submitit.Job) -> str | None:
     return f"SLURM job {job.job_id} task {task}: {message}"
 
 
-def finish(job: submitit.Job, output_dir: Path) -> int:
+def finish(job: submitit.Job, folder: RunFolder, cp: int) -> int:
     """Wait for the job; on failure record its in-flight point, the report and failure.json."""
     problem = failure_of(job)
     if problem is None:
-        print(f"cpbench: job {job.job_id} done: {output_dir}", file=sys.stderr)
+        print(f"cpbench: job {job.job_id} done: {folder.root}", file=sys.stderr)
         return 0
-    InFlight(output_dir).close("error", problem)
-    write_report(output_dir)
-    logs = output_dir / SLURM_DIR / str(job.job_id)
-    record_failure(output_dir, 1, problem, f"task logs: {logs}")
+    logs = folder.slurm_job(str(job.job_id))
+    close_failed(folder, cp, "error", problem, 1, f"task logs: {logs}")
     print(f"cpbench: {problem}\ncpbench: task logs are in {logs}", file=sys.stderr)
     return 1
 
 
 # Jobs a multirun submitted without waiting (the basic launcher runs its jobs one after another); the
 # end of the sweep waits for them all, so they run side by side on the cluster.
-_PENDING: list[tuple[submitit.Job, Path]] = []
+_PENDING: list[tuple[submitit.Job, RunFolder, int]] = []
 
 
-def defer(job: submitit.Job, output_dir: Path) -> None:
-    _PENDING.append((job, output_dir))
+def defer(job: submitit.Job, folder: RunFolder, cp: int) -> None:
+    _PENDING.append((job, folder, cp))
 
 
 def finish_pending() -> int:
     """Wait for every deferred job; the number that failed."""
     failed = 0
     while _PENDING:
-        job, output_dir = _PENDING.pop(0)
-        failed += finish(job, output_dir) != 0
+        job, folder, cp = _PENDING.pop(0)
+        failed += finish(job, folder, cp) != 0
     return failed

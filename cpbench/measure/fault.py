@@ -24,6 +24,10 @@ class Fault:
     def __init__(self, rank: int | None, at_n: int | None, where: str, kind: str):
         self.rank, self.at_n, self.where, self.kind = rank, at_n, where, kind
 
+    @staticmethod
+    def off() -> Fault:
+        return Fault(None, None, "step", "oom")
+
     def armed(self, rank: int, n_tokens: int) -> bool:
         return self.rank == rank and self.at_n is not None and n_tokens >= self.at_n
 

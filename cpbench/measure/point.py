@@ -7,26 +7,28 @@ keeps the failing frames' tensors alive.
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import timedelta
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from cpbench.core import RankContext, Shape
 from cpbench.distributed.comm import LEDGER
 from cpbench.measure.fault import Fault
 from cpbench.measure.memory import read_peak_gib, release, reset_peak
 from cpbench.measure.oom import BudgetExceeded, describe, is_oom
+from cpbench.measure.stats import FIELDS, PointTimes, RepeatTiming
 from cpbench.measure.step import StepRunner
 from cpbench.runtime.logs import LOG
-from cpbench.workloads.base import RankContext, Shape
 
 
 @dataclass
 class PointResult:
+    """The measured columns of a point's row (`ResultRow`), and its per-op communication table."""
+
     status: str  # ok | oom
     peak_mem_gib: float  # max over ranks
     walltime_ms: float | None = None  # median over repeats of the slowest rank
@@ -73,13 +75,6 @@ def agree_fits(fits: bool, group: dist.ProcessGroup, wait_s: float | None = None
     return flag.item() == 1.0
 
 
-def _median_iqr(samples: list[float]) -> tuple[float, float]:
-    if len(samples) == 1:
-        return samples[0], 0.0
-    q1, _, q3 = statistics.quantiles(samples, n=4, method="inclusive")
-    return statistics.median(samples), q3 - q1
-
-
 def _guarded(fn: Callable[[], Any]) -> tuple[Any, str]:
     """Run fn; an out-of-memory error becomes a message, anything else propagates."""
     try:
@@ -96,21 +91,27 @@ class Budget:
     baseline_gib: float  # what the rank held after start-up (CPU); 0 on CUDA
 
 
+@dataclass(frozen=True)
+class PointSettings:
+    """How a point is measured: the same for every point of a run; a probe step is one repeat."""
+
+    warmup: int = 3
+    repeats: int = 5
+    budget: Budget | None = None
+    fault: Fault = field(default_factory=Fault.off)
+    agree_wait_s: float = 10.0  # after an OOM inside a step, how long to wait for the peers to agree
+
+    def single_step(self) -> PointSettings:
+        return replace(self, warmup=0, repeats=1)
+
+
 def measure_point(
-    runner: StepRunner,
-    shape: Shape,
-    ctx: RankContext,
-    control: dist.ProcessGroup,
-    warmup: int,
-    repeats: int,
-    budget: Budget | None = None,
-    fault: Fault | None = None,
-    agree_wait_s: float = 10.0,
+    runner: StepRunner, shape: Shape, ctx: RankContext, control: dist.ProcessGroup, settings: PointSettings
 ) -> PointResult:
     """Fits = every rank finished with no out-of-memory error and, under a budget, a peak within it."""
     release(ctx.device)
     reset_peak(ctx.device)
-    fault = fault or Fault(None, None, "step", "oom")
+    fault, budget = settings.fault, settings.budget
 
     def build() -> Any:
         fault.before_batch(ctx.rank, shape.n_tokens, ctx.device)
@@ -118,7 +119,7 @@ def measure_point(
 
     def steps() -> Any:
         with fault.in_step(ctx.rank, shape.n_tokens, ctx.device):
-            return _run_repeats(runner, batch, control, warmup, repeats)
+            return _run_repeats(runner, batch, control, settings.warmup, settings.repeats)
 
     batch, failure = _guarded(build)
     timed = None
@@ -136,49 +137,43 @@ def measure_point(
     if failure:
         LOG.debug("rank %d, N=%d: %s", ctx.rank, shape.n_tokens, failure)  # into every rank's log file
     # After a failure inside the steps the peers may be stuck in a collective: wait for them briefly.
-    fits = agree_fits(not failure, control, agree_wait_s if failure and timed is None else None)
+    fits = agree_fits(not failure, control, settings.agree_wait_s if failure and timed is None else None)
     peak = _reduce([peak_local], control, dist.ReduceOp.MAX)[0]
     if not fits:
         messages = [None] * dist.get_world_size(control)
         dist.all_gather_object(messages, failure, group=control)
         first = next((f"rank {r}: {m}" for r, m in enumerate(messages) if m), "")
         return PointResult(status="oom", peak_mem_gib=peak, error=first)
-    return _summarise(timed, peak, repeats, control)
+    return _summarise(timed, peak, settings.repeats, control)
 
 
 def _run_repeats(runner: StepRunner, batch: Any, control, warmup: int, repeats: int):
     for _ in range(warmup):
         runner(batch)
     LEDGER.reset()
-    rows, out = [], None
+    timings, out = [], None
     for _ in range(repeats):
         dist.barrier(group=control)  # start together; the barrier is outside the timed region
         comm_before = LEDGER.total_seconds
         out = None  # the last output is freed before the next step, as in a real run
         out, phases = runner(batch)
-        rows.append([sum(phases), *phases, LEDGER.total_seconds - comm_before])
+        comm = LEDGER.total_seconds - comm_before
+        timings.append(RepeatTiming(phases.total, phases.forward, phases.backward, phases.optimizer, comm))
     local_sum = 0.0 if out is None else float(out.detach().double().sum())
-    return rows, local_sum, LEDGER.total_bytes / repeats, LEDGER.table()
+    return timings, local_sum, LEDGER.total_bytes / repeats, LEDGER.table()
 
 
 def _summarise(timed, peak: float, repeats: int, control) -> PointResult:
-    rows, local_sum, bytes_per_step, ops = timed
-    flat = _reduce([v for row in rows for v in row] + [bytes_per_step], control, dist.ReduceOp.MAX)
-    per_repeat = [flat[i * 5 : (i + 1) * 5] for i in range(repeats)]  # slowest rank per repeat and column
+    timings, local_sum, bytes_per_step, ops = timed
+    # One MAX all-reduce gives, per repeat and field, the slowest rank (`stats.slowest` across ranks).
+    flat = _reduce([v for t in timings for v in t.as_list()] + [bytes_per_step], control, dist.ReduceOp.MAX)
+    width = len(FIELDS)
+    slowest = [RepeatTiming(*flat[i * width : (i + 1) * width]) for i in range(repeats)]
     checksum = _reduce([local_sum], control, dist.ReduceOp.SUM)[0]
-    total, total_iqr = _median_iqr([r[0] * 1e3 for r in per_repeat])
-    forward, backward, optimizer, comm = (
-        statistics.median(r[i] * 1e3 for r in per_repeat) for i in range(1, 5)
-    )
     return PointResult(
         status="ok",
         peak_mem_gib=peak,
-        walltime_ms=total,
-        walltime_iqr_ms=total_iqr,
-        forward_ms=forward,
-        backward_ms=backward,
-        optimizer_ms=optimizer,
-        comm_ms=comm,
+        **asdict(PointTimes.of(slowest)),
         comm_mib_per_step=flat[-1] / 2**20,
         checksum=checksum,
         comm_ops=_slowest_ops(ops, repeats, control),

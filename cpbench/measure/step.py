@@ -3,15 +3,28 @@
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from cpbench.core import RankContext
 from cpbench.distributed.comm import all_reduce_sum, op_label
-from cpbench.workloads.base import RankContext, Workload
+from cpbench.workloads.base import Workload
 
-PHASES = ("forward", "backward", "optimizer")
+
+@dataclass(frozen=True)
+class Phases:
+    """Seconds of one step's phases on this rank (inference: all forward)."""
+
+    forward: float
+    backward: float = 0.0
+    optimizer: float = 0.0
+
+    @property
+    def total(self) -> float:
+        return self.forward + self.backward + self.optimizer
 
 
 def synchronize(device: torch.device) -> None:
@@ -40,8 +53,8 @@ class StepRunner:
         )
         self.grad_group = dist.group.WORLD if ctx.world_size > 1 else None
 
-    def __call__(self, batch: Any) -> tuple[torch.Tensor | None, list[float]]:
-        """Run one step; return its output and the seconds of each phase (forward, backward, optimizer)."""
+    def __call__(self, batch: Any) -> tuple[torch.Tensor | None, Phases]:
+        """Run one step; return its output and the seconds of each phase."""
         synchronize(self.device)
         start = time.perf_counter()
         with torch.set_grad_enabled(self.train):  # inference keeps no autograd graph, as in a real run
@@ -49,7 +62,7 @@ class StepRunner:
         synchronize(self.device)
         forward_end = time.perf_counter()
         if not self.train:
-            return out, [forward_end - start, 0.0, 0.0]
+            return out, Phases(forward=forward_end - start)
         if out is not None and out.requires_grad:
             out.backward()
         synchronize(self.device)
@@ -60,7 +73,7 @@ class StepRunner:
             self.optimizer.zero_grad(set_to_none=True)
         synchronize(self.device)
         end = time.perf_counter()
-        return out, [forward_end - start, backward_end - forward_end, end - backward_end]
+        return out, Phases(forward_end - start, backward_end - forward_end, end - backward_end)
 
     @torch.no_grad()
     def _sum_gradients(self) -> None:

@@ -2,28 +2,24 @@
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable
 from typing import Any
 
-from omegaconf import DictConfig
-
+from cpbench.core import Shape, Topology
 from cpbench.measure.point import PointResult
 from cpbench.probe.search import SearchConfig, Trial, bounds, next_trial
 from cpbench.probe.state import ProbeState
 from cpbench.runtime.logs import LOG
-from cpbench.workloads.base import Shape, Topology
+from cpbench.settings.schema import ProbeConfig
 
 
-def search_config(cfg: DictConfig, topology: Topology, budget_gib: float | None) -> SearchConfig:
-    rows, cols = topology.grid
-    p = cfg.probe
+def search_config(p: ProbeConfig, topology: Topology, budget_gib: float | None) -> SearchConfig:
     return SearchConfig(
         start=p.start,
         factor=p.factor,
         granularity=p.granularity,
-        multiple=math.lcm(rows, cols),
+        multiple=topology.tiling.multiple,
         max_tokens=p.max_tokens,
         budget_gib=budget_gib,
         guided=p.guided,

@@ -4,29 +4,25 @@ N, so that a rerun, a torchrun restart or a SLURM requeue continues where the pr
 from __future__ import annotations
 
 import dataclasses
-import json
-from pathlib import Path
 
 import pandas as pd
 
 from cpbench.probe.search import Trial
-from cpbench.results.store import write_atomically
-
-PROBE_JSON = "probe_state.json"
-PROBE_CSV = "probe.csv"
+from cpbench.results.folder import RunFolder
 
 
 class ProbeState:
-    def __init__(self, output_dir: Path, config_hash: str):
-        self.path, self.csv = output_dir / PROBE_JSON, output_dir / PROBE_CSV
-        self.config_hash = config_hash
+    """`config_hash` None takes whatever configuration the folder holds (to abandon its N in flight)."""
+
+    def __init__(self, folder: RunFolder, config_hash: str | None = None):
+        self.folder = folder
+        saved = folder.read_json(folder.probe_state) or {}
+        self.config_hash = saved.get("config_hash") if config_hash is None else config_hash
         self.trials: list[Trial] = []
         self.in_flight: int | None = None
-        if self.path.exists():
-            saved = json.loads(self.path.read_text())
-            if saved["config_hash"] == config_hash:  # another configuration starts afresh
-                self.trials = [Trial(**t) for t in saved["trials"]]
-                self.in_flight = saved["in_flight"]
+        if saved and saved["config_hash"] == self.config_hash:  # another configuration starts afresh
+            self.trials = [Trial(**t) for t in saved["trials"]]
+            self.in_flight = saved["in_flight"]
 
     def close_in_flight(self) -> int | None:
         """An N in flight when the job died does not fit: record it as crashed, never retry it."""
@@ -34,6 +30,12 @@ class ProbeState:
         if n is not None:
             self.finish(Trial(n=n, fits=False, status="crashed"))
         return n
+
+    def abandon(self) -> None:
+        """Forget the N in flight: it was interrupted, not refused, and is tried again."""
+        if self.in_flight is not None:
+            self.in_flight = None
+            self._save()
 
     def start(self, n: int) -> None:
         self.in_flight = n
@@ -47,9 +49,9 @@ class ProbeState:
     def _save(self) -> None:
         trials = [dataclasses.asdict(t) for t in self.trials]
         payload = {"config_hash": self.config_hash, "trials": trials, "in_flight": self.in_flight}
-        write_atomically(self.path, json.dumps(payload, indent=1) + "\n")
+        self.folder.write_json(self.folder.probe_state, payload)
         columns = ["n", "fits", "status", "peak_gib", "seconds", "guided"]
         frame = pd.DataFrame(trials, columns=columns).rename(
             columns={"n": "N_tokens", "peak_gib": "max_peak_gib"}
         )
-        write_atomically(self.csv, frame.to_csv(index=False))
+        self.folder.write_text(self.folder.probe_csv, frame.to_csv(index=False))

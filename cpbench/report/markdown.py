@@ -11,10 +11,7 @@ from typing import Any
 
 import pandas as pd
 
-from cpbench.report import metadata
-from cpbench.results.store import RESULTS_CSV, read_results, write_atomically
-
-REPORT_MD = "cp_benchmark.md"
+from cpbench.results.folder import RunFolder
 
 # Rows differing in any of these are different experiments: each gets its own tables, plots, readout.
 LIKE_FOR_LIKE = ["workload", "workflow", "dtype"]
@@ -298,7 +295,7 @@ def render_sweep(
     frame: pd.DataFrame,
     jobs: Sequence[dict[str, Any]],
     plots: dict[str, str],
-    csv_name: str = RESULTS_CSV,
+    csv_name: str = RunFolder.RESULTS,
     title: str = "cpbench: CP sweep",
     note: str = "",
 ) -> str:
@@ -381,7 +378,6 @@ def _walltime_lines(group: pd.DataFrame) -> list[str]:
 
 def write_report(output_dir: Path) -> Path:
     """Render `cp_benchmark.md` from results.csv and run.json in `output_dir`."""
-    frame = read_results(output_dir / RESULTS_CSV)
-    path = output_dir / REPORT_MD
-    write_atomically(path, render(frame, metadata.read(output_dir)))
-    return path
+    folder = RunFolder(output_dir)
+    folder.write_text(folder.report, render(folder.read_results(), folder.read_metadata()))
+    return folder.report

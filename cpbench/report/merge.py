@@ -3,7 +3,6 @@ plots; runs that failed are listed with their error, also when they measured not
 
 from __future__ import annotations
 
-import json
 import re
 import shlex
 from collections.abc import Sequence
@@ -15,16 +14,11 @@ import pandas as pd
 from omegaconf import OmegaConf
 
 import cpbench
-from cpbench.launch.outcome import FAILURE_JSON, read_failure
-from cpbench.launch.slurm import SLURM_DIR, SUBMITTED_JSON
-from cpbench.report import metadata
-from cpbench.report.markdown import REPORT_MD, render_sweep
+from cpbench.report.markdown import render_sweep
 from cpbench.report.plots import write_plots
-from cpbench.results.store import COLUMNS, RESULTS_CSV, read_results, write_atomically
-from cpbench.sweep import STATE_JSON
+from cpbench.results.folder import RunFolder
+from cpbench.results.row import COLUMNS
 
-# Files only a run folder holds; a sweep folder holds run folders (its own results.csv is a merge).
-RUN_FILES = (RESULTS_CSV, metadata.RUN_JSON, FAILURE_JSON, STATE_JSON)
 # Hydra's job folders (hydra.sweep.subdir = ${hydra.job.num}_cp${topology.cp}); also a job that died
 # before it wrote anything.
 JOB_DIR = re.compile(r"^(\d+)_")
@@ -47,12 +41,10 @@ class Run:
 
     @property
     def cp(self) -> int | None:
-        if "cp" in self.meta:
-            return int(self.meta["cp"])
-        if not self.frame.empty:
-            return int(self.frame["cp"].iloc[0])
-        match = re.search(r"cp(\d+)", self.name)
-        return int(match.group(1)) if match else None
+        """From run.json, which every run writes first, else from failure.json (a job that failed
+        before it started its ranks)."""
+        cp = self.meta.get("cp", (self.failure or {}).get("cp"))
+        return None if cp is None else int(cp)
 
     @property
     def topology(self) -> str:
@@ -92,10 +84,6 @@ class Run:
         }
 
 
-def _is_run(path: Path) -> bool:
-    return any((path / name).exists() for name in RUN_FILES)
-
-
 def _job_order(path: Path) -> tuple[int, str]:
     match = JOB_DIR.match(path.name)
     return (int(match.group(1)) if match else 1 << 30, path.name)
@@ -103,7 +91,9 @@ def _job_order(path: Path) -> tuple[int, str]:
 
 def _jobs(folder: Path) -> list[Path]:
     """The run folders inside a sweep folder, in job order (none: not a sweep)."""
-    children = (c for c in folder.iterdir() if c.is_dir() and (JOB_DIR.match(c.name) or _is_run(c)))
+    children = (
+        c for c in folder.iterdir() if c.is_dir() and (JOB_DIR.match(c.name) or RunFolder(c).is_run())
+    )
     return sorted(children, key=_job_order)
 
 
@@ -119,7 +109,7 @@ def discover(dirs: Sequence[Path]) -> list[tuple[str, Path]]:
         prefix = f"{folder.resolve().name}/" if len(dirs) > 1 else ""
         if jobs:
             found += [(prefix + job.name, job) for job in jobs]
-        elif _is_run(folder):
+        elif RunFolder(folder).is_run():
             found.append((folder.resolve().name, folder))
         else:
             raise ValueError(
@@ -129,16 +119,12 @@ def discover(dirs: Sequence[Path]) -> list[tuple[str, Path]]:
     return [(f"{name}#{i}" if names.count(name) > 1 else name, path) for i, (name, path) in enumerate(found)]
 
 
-def _json(path: Path) -> dict[str, Any] | None:
-    return json.loads(path.read_text()) if path.exists() else None
-
-
 def load(name: str, path: Path) -> Run:
     """A run folder's rows of its current configuration (run.json's config hash): rows an earlier run
     in the same folder measured under other settings are not like-for-like, and are left out."""
-    state = _json(path / STATE_JSON) or {}
-    meta = metadata.read(path)
-    frame = read_results(path / RESULTS_CSV)
+    folder = RunFolder(path)
+    meta = folder.read_metadata()
+    frame = folder.read_results()
     stale = 0
     if meta.get("config_hash") and "config_hash" in frame.columns:
         current = frame["config_hash"] == meta["config_hash"]
@@ -148,9 +134,9 @@ def load(name: str, path: Path) -> Run:
         path=path,
         frame=frame,
         meta=meta,
-        failure=read_failure(path),
-        in_flight=state.get("in_flight"),
-        submitted=_json(path / SLURM_DIR / SUBMITTED_JSON),
+        failure=folder.read_failure(),
+        in_flight=folder.in_flight.row(),
+        submitted=folder.read_json(folder.submitted),
         stale=stale,
     )
 
@@ -196,7 +182,7 @@ def collect(dirs: Sequence[Path]) -> Merged:
 def write(
     merged: Merged,
     out_dir: Path,
-    csv_name: str = RESULTS_CSV,
+    csv_name: str = RunFolder.RESULTS,
     title: str = "cpbench: CP sweep",
     note: str = "",
 ) -> Path:
@@ -204,14 +190,15 @@ def write(
     if any(out_dir.resolve() == run.path.resolve() for run in merged.runs):
         raise ValueError(f"{out_dir}: is one of the runs merged; write the merge elsewhere (--out)")
     out_dir.mkdir(parents=True, exist_ok=True)
-    write_atomically(out_dir / csv_name, merged.frame.to_csv(index=False))
+    out = RunFolder(out_dir)
+    out.write_text(out_dir / csv_name, merged.frame.to_csv(index=False))
     plots = write_plots(merged.frame, out_dir)
     if merged.commands:
         made = "Measured with " + "; ".join(f"`{c}`" for c in merged.commands) + "."
         note = f"{note}\n\n{made}" if note else made
     text = render_sweep(merged.frame, [run.summary() for run in merged.runs], plots, csv_name, title, note)
-    merged.report = out_dir / REPORT_MD
-    write_atomically(merged.report, text)
+    merged.report = out.report
+    out.write_text(merged.report, text)
     return merged.report
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
-import json
 import os
 import platform
 import socket
@@ -15,10 +14,7 @@ from typing import Any
 import torch
 
 import cpbench
-from cpbench.results.store import write_atomically
-from cpbench.workloads.base import Topology
-
-RUN_JSON = "run.json"
+from cpbench.core import Topology
 
 
 def project_commit() -> str:
@@ -69,7 +65,7 @@ def collect(
         "cuda": torch.version.cuda or "none",
         "topology": topology.label,
         "cp": topology.cp,
-        "grid": f"{topology.grid[0]}x{topology.grid[1]}",
+        "grid": topology.grid_label,
         "world_size": world_size,
         # Locked clocks cannot be read without vendor tools; say so rather than guess.
         "clocks_locked": "unknown" if on_cuda else "n/a (CPU)",
@@ -77,12 +73,3 @@ def collect(
         "config_hash": config_digest,
         "commit": project_commit(),
     }
-
-
-def write(output_dir: Path, metadata: dict[str, Any]) -> None:
-    write_atomically(output_dir / RUN_JSON, json.dumps(metadata, indent=2) + "\n")
-
-
-def read(output_dir: Path) -> dict[str, Any]:
-    path = output_dir / RUN_JSON
-    return json.loads(path.read_text()) if path.exists() else {}

@@ -1,4 +1,4 @@
-"""results.csv: one row per measured point, appended as soon as it is measured, written atomically."""
+"""Tables on disk: CSV rows appended atomically, label columns read back as text."""
 
 from __future__ import annotations
 
@@ -10,16 +10,7 @@ from typing import Any
 
 import pandas as pd
 
-# The contract's columns first (DESIGN.md), then the extras.
-COLUMNS = [
-    "workload", "workflow", "topology", "cp", "grid", "N_tokens", "N_atoms", "MSA_depth", "dtype",
-    "status", "peak_mem_gib", "walltime_ms", "walltime_iqr_ms", "tokens_per_s", "comm_ms", "checksum",
-    "kind", "oom_at", "forward_ms", "backward_ms", "optimizer_ms", "comm_mib_per_step", "warmup", "repeats",
-    "seed", "config_hash", "error",
-]  # fmt: skip
-
-RESULTS_CSV = "results.csv"
-COMM_OPS_CSV = "comm_ops.csv"  # per measured point and op label: calls, bytes and seconds per step
+from cpbench.results.row import COLUMNS, TEXT_COLUMNS
 
 
 def write_atomically(path: Path, text: str) -> None:
@@ -38,11 +29,6 @@ def write_atomically(path: Path, text: str) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-
-
-# Label columns, read as text whatever they look like: a config hash such as 6168e7108345 would
-# otherwise parse as a float (inf), be written back so, and no longer match its run on resume.
-TEXT_COLUMNS = ("workload", "workflow", "topology", "grid", "dtype", "status", "kind", "config_hash", "error")
 
 
 def read_results(path: Path, columns: list[str] = COLUMNS) -> pd.DataFrame:

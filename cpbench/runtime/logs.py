@@ -13,7 +13,7 @@ CONSOLE = Console(stderr=True)
 LOG = logging.getLogger("cpbench")
 
 
-def setup(rank: int, all_ranks: bool, output_dir: Path) -> None:
+def setup(rank: int, all_ranks: bool, log_file: Path) -> None:
     LOG.handlers.clear()
     LOG.setLevel(logging.DEBUG)
     LOG.propagate = False
@@ -27,8 +27,7 @@ def setup(rank: int, all_ranks: bool, output_dir: Path) -> None:
         console.setLevel(logging.INFO)
         console.setFormatter(logging.Formatter(f"[rank {rank}] %(message)s" if all_ranks else "%(message)s"))
         LOG.addHandler(console)
-    logs = output_dir / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
-    file = logging.FileHandler(logs / f"rank{rank}.log")
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    file = logging.FileHandler(log_file)
     file.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
     LOG.addHandler(file)

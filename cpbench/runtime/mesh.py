@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from cpbench.workloads.base import Topology
+from cpbench.core import Topology
 
 
 def build_mesh(topology: Topology, device_type: str) -> tuple[DeviceMesh, tuple[int, int], tuple]:

@@ -10,8 +10,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from cpbench.core import RankContext, Topology
 from cpbench.runtime.mesh import build_mesh
-from cpbench.workloads.base import RankContext, Topology
 
 
 def pick_backend(requested: str | None) -> str:
@@ -47,7 +47,6 @@ def rank_runtime(
         yield RankContext(
             rank=rank,
             world_size=world_size,
-            local_rank=local_rank,
             device=device,
             mesh=mesh,
             topology=topology,

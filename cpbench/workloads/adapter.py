@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from cpbench.workloads.base import RankContext, Shape
+from cpbench.core import RankContext, Shape
 
 HOOKS = ("build_model", "build_batch", "run_step")
 

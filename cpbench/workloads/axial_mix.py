@@ -11,8 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from cpbench.core import RankContext, Shape
 from cpbench.distributed.comm import all_reduce_sum, op_label
-from cpbench.workloads.base import RankContext, Shape
 
 
 def pair_features(rows: slice, cols: slice, channels: int, seed: int, dtype: torch.dtype) -> torch.Tensor:

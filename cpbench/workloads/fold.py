@@ -10,30 +10,22 @@ the pairformer workload apply to the Pairformer stack; `n_blocks` is its depth.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 
 import torch
 from torch import nn
 
+from cpbench.core import RankContext, Shape
 from cpbench.distributed.grid import Grid
 from cpbench.inputs import fold_inputs
 from cpbench.models.embeddings import TOKEN_FEATURES
 from cpbench.models.fold.atoms import AtomWindows
+from cpbench.models.fold.batch import FoldBatch
 from cpbench.models.fold.config import FoldConfig
 from cpbench.models.fold.diffusion import AtomContext, DiffusionSizes
 from cpbench.models.fold.model import FoldModel
 from cpbench.models.fold.msa import MSAConfig
 from cpbench.models.pairformer import PairformerConfig, PairLayout
-from cpbench.workloads.base import RankContext, Shape
-from cpbench.workloads.pairformer import PairformerBatch, PairformerWorkload
-
-
-@dataclass
-class FoldBatch(PairformerBatch):
-    """The Pairformer's token and pair fields, and the MSA and atoms."""
-
-    msa: dict[str, torch.Tensor]  # the MSA columns of my row tokens [S, N/rows]
-    atoms: AtomContext  # my atoms and their windows
+from cpbench.workloads.pairformer import PairformerWorkload
 
 
 class FoldWorkload(PairformerWorkload):
@@ -82,13 +74,8 @@ class FoldWorkload(PairformerWorkload):
         )  # fmt: skip
         return FoldConfig(pairformer=pf, msa=msa, diffusion=self.sizes, **self.loop)
 
-    def build_model(self, ctx: RankContext) -> nn.Module:
-        self.cfg = self._config(ctx)
-        self.fold = self._fold_config(self.cfg)
-        self.device_type = ctx.device.type
-        torch.manual_seed(ctx.seed)  # identical replicated weights on every rank
-        model = FoldModel(self.fold, PairLayout(Grid.from_context(ctx)))
-        return model.to(ctx.device)  # weights stay float32; bf16 is autocast
+    def _model(self, cfg: PairformerConfig, layout: PairLayout) -> nn.Module:
+        return FoldModel(self._fold_config(cfg), layout)
 
     def build_batch(self, shape: Shape, ctx: RankContext) -> FoldBatch:
         shard = fold_inputs(shape, ctx).to(ctx.device)
@@ -104,8 +91,8 @@ class FoldWorkload(PairformerWorkload):
         """Recorded in results.csv: a training step runs one denoising step instead of sampling."""
         return {"sampling_steps": 0 if train else self.fold.sampling_steps, "n_cycles": self.fold.n_cycles}
 
-    def run_step(self, model: nn.Module, batch: FoldBatch, train: bool) -> torch.Tensor:
-        with torch.set_grad_enabled(train), self.autocast():
+    def run_step(self, model: FoldModel, batch: FoldBatch, train: bool) -> torch.Tensor:
+        with torch.set_grad_enabled(train), model.autocast():
             if train:
                 return model.loss(batch)
             return model.sample(batch)

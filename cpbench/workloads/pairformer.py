@@ -10,43 +10,17 @@ replicated parameters' gradients and an AdamW step. Inference: forward; the outp
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from torch import nn
 
+from cpbench.core import RankContext, Shape
 from cpbench.distributed.grid import Grid
-from cpbench.inputs import FoldShard, fold_inputs
+from cpbench.inputs import fold_inputs
 from cpbench.models.embeddings import TOKEN_FEATURES, RelativePosition, token_features
 from cpbench.models.pairformer import PairformerConfig, PairformerStack, PairLayout
+from cpbench.models.pairformer.batch import PairformerBatch
 from cpbench.models.pairformer.modules import LinearNoBias
-from cpbench.workloads.base import RankContext, Shape
-
-
-@dataclass
-class PairformerBatch:
-    rows: dict[str, torch.Tensor]  # token features of my row tokens [N/rows, ...]
-    cols: dict[str, torch.Tensor]  # ... and of my column tokens [N/cols, ...]
-    bonds: torch.Tensor  # [N/rows, N/cols] token_bonds block
-    mask: torch.Tensor  # [N] float token mask of every (padded) token
-    n_valid: int  # real tokens
-
-    @staticmethod
-    def token_fields(shard: FoldShard) -> dict:
-        """The token and pair fields of a batch from a shard already on its device."""
-        n = shard.n_tokens_padded
-        return dict(
-            rows=shard.row_tokens,
-            cols=shard.col_tokens,
-            bonds=shard.pair["token_bonds"],
-            # Real tokens first, padding last: the global mask needs no communication.
-            mask=(torch.arange(n, device=shard.pair["token_bonds"].device) < shard.n_tokens).float(),
-            n_valid=shard.n_tokens,
-        )
-
-    @classmethod
-    def of(cls, shard: FoldShard) -> PairformerBatch:
-        return cls(**cls.token_fields(shard))
+from cpbench.models.precision import MixedPrecision
 
 
 class InputEmbedder(nn.Module):
@@ -68,9 +42,10 @@ class InputEmbedder(nn.Module):
         return self.single(fr), z
 
 
-class PairformerModel(nn.Module):
+class PairformerModel(MixedPrecision, nn.Module):
     def __init__(self, cfg: PairformerConfig, layout: PairLayout):
         super().__init__()
+        self.cfg, self.precision = cfg, cfg.dtype
         self.embed = InputEmbedder(cfg.c_s, cfg.c_z)
         self.stack = PairformerStack(cfg)
         self.layout = layout
@@ -125,21 +100,18 @@ class PairformerWorkload:
         return PairformerConfig(**self.knobs, dtype=by_run[ctx.dtype])
 
     def build_model(self, ctx: RankContext) -> nn.Module:
-        self.cfg = self._config(ctx)
-        self.device_type = ctx.device.type
         torch.manual_seed(ctx.seed)  # identical replicated weights on every rank
-        model = PairformerModel(self.cfg, PairLayout(Grid.from_context(ctx)))
+        model = self._model(self._config(ctx), PairLayout(Grid.from_context(ctx)))
         return model.to(ctx.device)  # weights stay float32; bf16 is autocast
+
+    def _model(self, cfg: PairformerConfig, layout: PairLayout) -> nn.Module:
+        return PairformerModel(cfg, layout)
 
     def build_batch(self, shape: Shape, ctx: RankContext) -> PairformerBatch:
         return PairformerBatch.of(fold_inputs(shape, ctx).to(ctx.device))
 
-    def autocast(self) -> torch.autocast:
-        """bf16 autocast when the config asks for it (weights stay float32)."""
-        return torch.autocast(self.device_type, dtype=torch.bfloat16, enabled=self.cfg.dtype == "bf16")
-
-    def run_step(self, model: nn.Module, batch: PairformerBatch, train: bool) -> torch.Tensor:
-        with torch.set_grad_enabled(train), self.autocast():
+    def run_step(self, model: PairformerModel, batch: PairformerBatch, train: bool) -> torch.Tensor:
+        with torch.set_grad_enabled(train), model.autocast():
             s, z = model(batch)
         if not train:
             return z

@@ -7,28 +7,25 @@ see docs/fold.md for what each op communicates.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 from torch import nn
 
 from cpbench.distributed.comm import op_label
 from cpbench.models.embeddings import RelativePosition, token_features
 from cpbench.models.fold.atoms import AtomEncoder
+from cpbench.models.fold.batch import FoldBatch
 from cpbench.models.fold.config import FoldConfig
 from cpbench.models.fold.diffusion import DiffusionModule
 from cpbench.models.fold.msa import MSAModule
 from cpbench.models.pairformer import PairformerStack, PairLayout
 from cpbench.models.pairformer.modules import LinearNoBias
-
-if TYPE_CHECKING:
-    from cpbench.workloads.fold import FoldBatch
+from cpbench.models.precision import MixedPrecision
 
 
-class FoldModel(nn.Module):
+class FoldModel(MixedPrecision, nn.Module):
     def __init__(self, cfg: FoldConfig, layout: PairLayout):
         super().__init__()
-        self.cfg, self.layout = cfg, layout
+        self.cfg, self.layout, self.precision = cfg, layout, cfg.pairformer.dtype
         c_s, c_z, c_in, d = cfg.pairformer.c_s, cfg.pairformer.c_z, cfg.c_s_inputs, cfg.diffusion
         self.input_encoder = AtomEncoder(d.c_atom, d.c_atom_pair, c_s, cfg.input_atom_blocks, d.atom_heads)
         self.s_init = LinearNoBias(c_in, c_s)

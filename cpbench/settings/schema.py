@@ -9,7 +9,7 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
-from cpbench.config.slurm import SlurmConfig
+from cpbench.settings.slurm import SlurmConfig
 
 
 class Workflow(Enum):

@@ -1,0 +1,66 @@
+"""The statistics of a point, as pure functions of per-rank, per-repeat timings.
+
+A repeat's time is the slowest rank's (the slowest rank sets the pace); a point reports the median
+over repeats and the IQR, never the mean. Communication time and bytes are the largest over ranks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class RepeatTiming:
+    """One timed repeat on one rank, in seconds."""
+
+    total: float
+    forward: float
+    backward: float
+    optimizer: float
+    comm: float  # in collectives (cpbench's ledger)
+
+    def as_list(self) -> list[float]:
+        return list(dataclasses.astuple(self))
+
+
+FIELDS = tuple(f.name for f in dataclasses.fields(RepeatTiming))
+
+
+def slowest(per_rank: Sequence[Sequence[RepeatTiming]]) -> list[RepeatTiming]:
+    """Per repeat and field, the largest value over ranks: what one MAX all-reduce computes."""
+    return [
+        RepeatTiming(*(max(values) for values in zip(*(t.as_list() for t in repeat), strict=True)))
+        for repeat in zip(*per_rank, strict=True)
+    ]
+
+
+def median_iqr(samples: Sequence[float]) -> tuple[float, float]:
+    """Median and interquartile range (inclusive quartiles); one sample has no spread."""
+    if len(samples) == 1:
+        return samples[0], 0.0
+    q1, _, q3 = statistics.quantiles(samples, n=4, method="inclusive")
+    return statistics.median(samples), q3 - q1
+
+
+@dataclass(frozen=True)
+class PointTimes:
+    """A point's walltime figures in milliseconds, from the slowest rank of each repeat."""
+
+    walltime_ms: float
+    walltime_iqr_ms: float
+    forward_ms: float
+    backward_ms: float
+    optimizer_ms: float
+    comm_ms: float
+
+    @classmethod
+    def of(cls, repeats: Sequence[RepeatTiming]) -> PointTimes:
+        total, iqr = median_iqr([r.total * 1e3 for r in repeats])
+
+        def median(name: str) -> float:
+            return statistics.median(getattr(r, name) * 1e3 for r in repeats)
+
+        return cls(total, iqr, median("forward"), median("backward"), median("optimizer"), median("comm"))

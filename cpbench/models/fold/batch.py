@@ -1,0 +1,19 @@
+"""The fold model's inputs on one rank: the Pairformer's token and pair fields, its MSA columns and
+its atoms with their attention windows."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from cpbench.models.fold.diffusion import AtomContext
+from cpbench.models.pairformer.batch import PairformerBatch
+
+
+@dataclass
+class FoldBatch(PairformerBatch):
+    """The Pairformer's token and pair fields, and the MSA and atoms."""
+
+    msa: dict[str, torch.Tensor]  # the MSA columns of my row tokens [S, N/rows]
+    atoms: AtomContext  # my atoms and their windows

@@ -1,0 +1,64 @@
+"""A results row, declared once: the columns of results.csv in contract order (DESIGN.md), which
+of them are labels (read back as text, whatever they look like) and the resume key of a point.
+A new column is one field here."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(kw_only=True)
+class ResultRow:
+    # What the point is (known before it runs; a point in flight is recorded with these alone).
+    workload: str
+    workflow: str
+    topology: str
+    cp: int
+    grid: str
+    N_tokens: int
+    N_atoms: int
+    MSA_depth: int
+    dtype: str
+    # What was measured.
+    status: str | None = None  # ok | oom | crashed | error
+    peak_mem_gib: float | None = None  # max over ranks
+    walltime_ms: float | None = None  # median over repeats of the slowest rank
+    walltime_iqr_ms: float | None = None
+    tokens_per_s: float | None = None
+    comm_ms: float | None = None
+    checksum: float | None = None
+    kind: str  # point | max-fit
+    oom_at: int | None = None  # max-fit rows: the first N that did not fit
+    forward_ms: float | None = None
+    backward_ms: float | None = None
+    optimizer_ms: float | None = None
+    comm_mib_per_step: float | None = None
+    # How it was measured.
+    warmup: int
+    repeats: int
+    seed: int
+    config_hash: str
+    error: str = ""
+    # Settings a workload records in each of its rows (its optional `columns` hook), after these.
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def key(self) -> str:
+        return point_key(self.kind, self.N_tokens, self.N_atoms, self.MSA_depth)
+
+    def as_dict(self) -> dict[str, Any]:
+        row = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "extra"}
+        return {**row, **self.extra}
+
+
+def point_key(kind: str, n_tokens: int, n_atoms: int, msa_depth: int) -> str:
+    """Rows with the same key (and config hash) are the same point: a rerun skips it."""
+    return f"{kind}:{n_tokens}:{n_atoms}:{msa_depth}"
+
+
+_FIELDS = [f for f in dataclasses.fields(ResultRow) if f.name != "extra"]
+COLUMNS: list[str] = [f.name for f in _FIELDS]
+# Label columns: a config hash such as 6168e7108345 would otherwise parse as a float (inf).
+TEXT_COLUMNS: tuple[str, ...] = tuple(f.name for f in _FIELDS if f.type in ("str", "str | None"))

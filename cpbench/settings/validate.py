@@ -1,0 +1,83 @@
+"""From Hydra's config to typed settings, and the checks no type can express: each failure names
+the setting and what is allowed."""
+
+from __future__ import annotations
+
+from omegaconf import DictConfig, OmegaConf
+
+from cpbench.core import ConfigError, Topology
+from cpbench.settings.schema import BenchConfig
+
+__all__ = ["ConfigError", "to_settings", "validate"]
+
+
+def to_settings(cfg: DictConfig) -> BenchConfig:
+    """The run's settings as typed objects, made once; everything below reads these."""
+    return OmegaConf.to_object(cfg)
+
+
+def _positive(name: str, value, allow_null: bool = False) -> None:
+    if value is None and allow_null:
+        return
+    if value is None or value <= 0:
+        raise ConfigError(f"{name}={value}: must be > 0")
+
+
+def validate(settings: BenchConfig) -> Topology:
+    """Validate the run's settings and return its topology."""
+    t = settings.topology
+    topology = Topology.from_config(t.kind, t.cp, t.grid)
+    shape, sweep = settings.shape, settings.sweep
+    for key in ("n_tokens", "atoms_per_token", "msa_depth"):
+        _positive(f"shape.{key}", getattr(shape, key))
+    _positive("shape.n_atoms", shape.n_atoms, allow_null=True)
+    for key in ("n_tokens", "n_atoms", "msa_depth"):
+        values = list(getattr(sweep, key))
+        if not values and key != "n_tokens":  # no N_tokens at all: no sweep points, the probe alone
+            raise ConfigError(f"sweep.{key}=[]: give at least one value (null takes shape.*)")
+        for value in values:
+            if value is not None and (not isinstance(value, int) or value <= 0):
+                raise ConfigError(f"sweep.{key}={values}: entries must be integers > 0 or null")
+    for n in sweep.n_tokens:
+        if n is not None and not topology.accepts(n):
+            raise ConfigError(
+                f"sweep.n_tokens={list(sweep.n_tokens)}: {n} does not tile the "
+                f"{topology.grid_label} grid of topology.kind={topology.kind}"
+            )
+    timing = settings.timing
+    if timing.repeats < 1:
+        raise ConfigError(f"timing.repeats={timing.repeats}: must be >= 1")
+    if timing.warmup < 1:
+        raise ConfigError(f"timing.warmup={timing.warmup}: must be >= 1 (the first steps are not timed)")
+    p = settings.probe
+    _positive("probe.start", p.start)
+    _positive("probe.granularity", p.granularity)
+    _positive("probe.max_tokens", p.max_tokens, allow_null=True)
+    if p.factor <= 1:
+        raise ConfigError(f"probe.factor={p.factor}: must be > 1")
+    _positive("memory.budget_gib", settings.memory.budget_gib, allow_null=True)
+    _positive("dist.timeout_s", settings.dist.timeout_s)
+    _positive("dist.agree_timeout_s", settings.dist.agree_timeout_s)
+    if settings.dist.backend not in (None, "gloo", "nccl"):
+        raise ConfigError(f"dist.backend={settings.dist.backend}: allowed values are null (auto), gloo, nccl")
+    if settings.data.path is not None:
+        _check_data(settings)
+    return topology
+
+
+def _check_data(settings: BenchConfig) -> None:
+    from cpbench.inputs import FeatureError, load_features
+
+    path = settings.data.path
+    if settings.probe.enabled:
+        raise ConfigError(
+            "probe.enabled=true: a feature file (data.path) has one N_tokens; "
+            "set probe.enabled=false to measure it"
+        )
+    try:
+        load_features(path)
+    except (FeatureError, OSError) as err:
+        message = str(err)
+        raise ConfigError(
+            message if message.startswith("data.path=") else f"data.path={path}: {message}"
+        ) from None
