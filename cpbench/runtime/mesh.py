@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from cpbench.core import Topology
+from cpbench.core import Topology, TopologyKind
 
 
 def build_mesh(topology: Topology, device_type: str) -> tuple[DeviceMesh, tuple[int, int], tuple]:
@@ -13,7 +13,7 @@ def build_mesh(topology: Topology, device_type: str) -> tuple[DeviceMesh, tuple[
     1d is a one-axis mesh ("cp") of row slabs; 2d a ("row", "col") grid. `row_peers` vary the
     column block (they share token rows); `col_peers` vary the row block.
     """
-    if topology.kind == "1d":
+    if topology.kind is TopologyKind.one_d:
         mesh = init_device_mesh(device_type, (topology.cp,), mesh_dim_names=("cp",))
         coords = (mesh.get_local_rank("cp"), 0)
         col_peers = mesh.get_group("cp") if topology.cp > 1 else None

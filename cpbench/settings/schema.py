@@ -1,4 +1,4 @@
-"""Typed structured configs: the config keys of DESIGN.md, so a bad override is rejected by name."""
+"""Typed structured configs: every config key (README, Settings), so a bad override is rejected by name."""
 
 from __future__ import annotations
 

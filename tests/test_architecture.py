@@ -1,0 +1,72 @@
+"""The layering of docs/architecture.md, read from the code's own imports: lower layers never import
+higher ones, and no two folders import each other (directly or around a circle)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import cpbench
+
+PACKAGE = Path(cpbench.__file__).parent
+# What the lower layers may never import: the layers above them.
+UPPER = ("cpbench.workloads", "cpbench.launch", "cpbench.report", "cpbench.bench", "cpbench.__main__")
+LOWER = ("core", "models", "distributed", "inputs", "results")
+
+
+def _room(module: str) -> str:
+    """The folder (or top-level module) a module belongs to: cpbench.measure.point -> measure."""
+    return module.split(".")[1] if module.count(".") else module
+
+
+def _imports() -> dict[str, set[str]]:
+    """cpbench module -> the cpbench modules it imports (at any depth of its code)."""
+    graph = {}
+    for path in PACKAGE.rglob("*.py"):
+        module = ".".join(("cpbench", *path.relative_to(PACKAGE).with_suffix("").parts))
+        module = module.removesuffix(".__init__")
+        names = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("cpbench"):
+                names.add(node.module)
+            elif isinstance(node, ast.Import):
+                names.update(a.name for a in node.names if a.name.startswith("cpbench"))
+        graph[module] = names
+    return graph
+
+
+def test_lower_layers_never_import_upper_ones():
+    wrong = [
+        (module, name)
+        for module, names in _imports().items()
+        if _room(module) in LOWER
+        for name in names
+        if name.startswith(UPPER)
+    ]
+    assert not wrong
+
+
+def test_core_imports_nothing_of_cpbench_but_itself():
+    wrong = [(m, n) for m, names in _imports().items() if _room(m) == "core" for n in names
+             if _room(n) != "core"]  # fmt: skip
+    assert not wrong
+
+
+def test_no_import_circles_between_folders():
+    rooms: dict[str, set[str]] = {}
+    for module, names in _imports().items():
+        rooms.setdefault(_room(module), set()).update(_room(n) for n in names if _room(n) != _room(module))
+
+    def reaches(start: str, goal: str) -> bool:
+        seen, todo = set(), [start]
+        while todo:
+            room = todo.pop()
+            if room == goal:
+                return True
+            if room not in seen:
+                seen.add(room)
+                todo.extend(rooms.get(room, ()))
+        return False
+
+    circles = sorted((a, b) for a, targets in rooms.items() for b in targets if reaches(b, a))
+    assert not circles
