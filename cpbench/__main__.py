@@ -105,6 +105,9 @@ def run(cfg: DictConfig, in_sweep: bool = False) -> int:
             _job_tasks_as_ranks(topology.cp)
             _check_environment(settings, topology.cp)
         workload = _build_workload(settings)
+        check_topology = getattr(workload, "check_topology", None)
+        if callable(check_topology):
+            check_topology(topology)
     except ConfigError as err:
         print(f"cpbench: error: {err}", file=sys.stderr)
         if in_sweep:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 from dataclasses import dataclass
 from datetime import timedelta
@@ -19,9 +20,11 @@ from cpbench.core import RankContext, Shape, Topology
 from cpbench.inputs import load_features
 from cpbench.measure.budget import apply_budget
 from cpbench.measure.fault import Fault
-from cpbench.measure.point import Budget, PointResult, PointSettings, measure_point
+from cpbench.measure.memory import release
+from cpbench.measure.point import Budget, OutOfMemoryAlone, PointResult, PointSettings, measure_point
 from cpbench.measure.step import StepRunner
 from cpbench.probe.runner import max_fit_row, run_probe, search_config
+from cpbench.probe.search import Trial
 from cpbench.probe.state import ProbeState
 from cpbench.report import metadata
 from cpbench.report.markdown import write_report
@@ -30,6 +33,7 @@ from cpbench.results.row import ResultRow
 from cpbench.runtime import logs
 from cpbench.runtime.logs import CONSOLE, LOG
 from cpbench.runtime.rank import pick_backend, rank_runtime
+from cpbench.runtime.seed import seed_all
 from cpbench.settings.schema import BenchConfig, Workflow
 from cpbench.sweep import resolve_shape, sweep_points
 from cpbench.workloads.base import Workload
@@ -65,6 +69,11 @@ def run_rank(spec: RunSpec, workload: Workload | None = None) -> None:
             # Record the root cause before teardown: once this rank leaves, its peers fail too, and
             # the launcher must be able to tell which rank failed first and why.
             ErrorHandler().record_exception(err)
+            if isinstance(err, OutOfMemoryAlone) and ctx.world_size > 1:
+                # Its peers are stuck in a collective it will never join, and tearing down the process
+                # group would wait for them: leave at once, and the launcher ends them too.
+                logging.shutdown()
+                os._exit(1)
             raise
 
 
@@ -105,17 +114,23 @@ class Bench:
             budget=_apply_budget(settings, ctx),
             fault=Fault(f.rank, f.at_n, f.where, f.kind),
             agree_wait_s=settings.dist.agree_timeout_s,
+            seed=settings.seed,
+            counts_comm=getattr(workload, "counts_comm", False),
+            profile_comm=settings.measure.profile_comm,
         )
+        self.runner: StepRunner | None = None
         self.done: set[str] = set()
 
     def run(self) -> None:
         settings, ctx = self.settings, self.ctx
         if self.lead:
-            crashed = self.folder.in_flight.close("crashed", "the run died while measuring this point")
-            if crashed:
-                LOG.warning(
-                    "recorded N=%s as crashed: the previous run died measuring it", crashed["N_tokens"]
-                )
+            flight = self.folder.in_flight
+            n = (flight.row() or {}).get("N_tokens")
+            if (oom := self.folder.take_oom_alone("point", n)) is not None:
+                flight.close("oom", oom)
+                LOG.warning("recorded N=%s as oom: a rank ran out of memory alone (%s)", n, oom)
+            elif flight.close("crashed", "the run died while measuring this point"):
+                LOG.warning("recorded N=%s as crashed: the previous run died measuring it", n)
             self.folder.write_metadata(
                 metadata.collect(
                     ctx.device,
@@ -126,9 +141,7 @@ class Bench:
                     self.config_hash,
                 )
             )
-        model = self.workload.build_model(ctx)
-        optim = settings.optim
-        runner = StepRunner(self.workload, model, self.train, ctx, optim.lr, optim.weight_decay)
+        self.runner = self._build_runner()
         self.done = _broadcast(self.folder.done_keys(self.config_hash) if self.lead else None, self.control)
         if settings.data.path:
             points = [load_features(settings.data.path).shape]
@@ -155,18 +168,46 @@ class Bench:
         ) as bar:
             task = bar.add_task("points", total=len(todo))
             for shape in todo:
-                self.measure(shape, runner)
+                self.measure(shape)
                 bar.advance(task)
         if settings.probe.enabled:
-            self.probe(runner)
+            self.probe()
         if self.lead:
             LOG.info("report: %s", write_report(self.folder.root))
 
-    def probe(self, runner: StepRunner) -> None:
-        """The largest N that fits (a max-fit row), then its full walltime measurement."""
+    def _build_runner(self) -> StepRunner:
+        """The model (its weights from the seed) and the step around it."""
+        seed_all(self.settings.seed)
+        model = self.workload.build_model(self.ctx)
+        optim = self.settings.optim
+        return StepRunner(self.workload, model, self.train, self.ctx, optim.lr, optim.weight_decay)
+
+    def _measure(self, shape: Shape, settings: PointSettings, kind: str) -> PointResult:
+        """One point or probe step. After running out of memory the model is built afresh: a step
+        that failed midway can leave the model's own communication state mid-flight."""
+        try:
+            result = measure_point(self.runner, shape, self.ctx, self.control, settings)
+        except OutOfMemoryAlone as err:
+            self.folder.record_oom_alone(kind, shape.n_tokens, self.ctx.rank, str(err))
+            raise
+        if result.status == "oom":
+            self.runner = None
+            release(self.ctx.device)
+            self.runner = self._build_runner()
+        return result
+
+    def probe(self) -> None:
+        """The largest N that fits (a max-fit row), then its full walltime measurement. If that
+        measurement runs out of memory, the N does not fit after all and the search goes on below it."""
         state = ProbeState(self.folder, self.config_hash) if self.lead else None
-        if state is not None and (n := state.close_in_flight()) is not None:
-            LOG.warning("probe: N=%d was in flight when the job died: recorded as crashed (does not fit)", n)
+        if state is not None and state.in_flight is not None:
+            n = state.in_flight
+            if (oom := self.folder.take_oom_alone("probe", n)) is not None:
+                state.finish(Trial(n=n, fits=False, status="oom"))
+                LOG.warning("probe: N=%d: a rank ran out of memory alone (%s): does not fit", n, oom)
+            else:
+                state.close_in_flight()
+                LOG.warning("probe: N=%d was in flight when the job died: recorded as crashed", n)
         trials = list(_broadcast(state.trials if state else None, self.control))
         # Peaks are absolute (the CPU baseline included): the model's limit is the cap itself.
         budget = self.point_settings.budget
@@ -175,24 +216,34 @@ class Bench:
         one_step = self.point_settings.single_step()
 
         def step_at(shape: Shape) -> PointResult:
-            return measure_point(runner, shape, self.ctx, self.control, one_step)
+            return self._measure(shape, one_step, "probe")
 
-        best, fail = run_probe(search, state, trials, self._probe_shape, step_at)
-        shape = self._probe_shape(best.n if best else fail.n)
+        while True:
+            best, fail = run_probe(search, state, trials, self._probe_shape, step_at)
+            shape = self._probe_shape(best.n if best else fail.n)
+            if not (best and self.settings.probe.measure_at_max):
+                break
+            point = self.row(shape, "point")
+            result = self.measure(shape) if point.key not in self.done else None
+            if result is None or result.status != "oom":
+                break
+            LOG.warning("probe: the full measurement at N=%d ran out of memory: searching below it", best.n)
+            trial = Trial(n=best.n, fits=False, status="oom", peak_gib=result.peak_mem_gib)
+            trials.append(trial)
+            if state is not None:
+                state.finish(trial)
         row = self.row(shape, "max-fit")
         if self.lead and row.key not in self.done:
             self.folder.in_flight.finish(dataclasses.replace(row, **max_fit_row(best, fail)).as_dict())
-        if best and self.settings.probe.measure_at_max and self.row(shape, "point").key not in self.done:
-            self.measure(shape, runner)
 
     def _probe_shape(self, n_tokens: int) -> Shape:
         return resolve_shape(self.settings.shape, n_tokens=n_tokens)
 
-    def measure(self, shape: Shape, runner: StepRunner) -> PointResult:
+    def measure(self, shape: Shape) -> PointResult:
         row = self.row(shape, "point")
         if self.lead:
             self.folder.in_flight.start(row.as_dict())
-        result = measure_point(runner, shape, self.ctx, self.control, self.point_settings)
+        result = self._measure(shape, self.point_settings, "point")
         if self.lead:
             if result.comm_ops:
                 self.folder.append_comm_ops([{**row.as_dict(), **op} for op in result.comm_ops])
@@ -228,7 +279,9 @@ def _apply_budget(settings: BenchConfig, ctx: RankContext) -> Budget | None:
 def _summary(result: PointResult) -> str:
     if result.status != "ok":
         return f"{result.status} ({result.error}), peak {result.peak_mem_gib:.3f} GiB"
+    comm = "not seen" if result.comm_ms is None else f"{result.comm_ms:.2f} ms"
+    checksum = "none" if result.checksum is None else f"{result.checksum:.9e}"
     return (
-        f"{result.walltime_ms:.2f} ms (IQR {result.walltime_iqr_ms:.2f}), comm {result.comm_ms:.2f} ms, "
-        f"peak {result.peak_mem_gib:.3f} GiB, checksum {result.checksum:.9e}"
+        f"{result.walltime_ms:.2f} ms (IQR {result.walltime_iqr_ms:.2f}), comm {comm}, "
+        f"peak {result.peak_mem_gib:.3f} GiB, checksum {checksum}"
     )

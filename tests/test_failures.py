@@ -46,6 +46,7 @@ def test_a_rank_raising_mid_sweep_ends_the_job_and_keeps_measured_rows(tmp_path)
         "topology.cp=2",
         "workload=adapter",
         "workload.module=adapters.fold_cp_style",
+        "workload.contract=native",
         "sweep.n_tokens=[16,32,64]",
         *FAST,
         f"output_dir={out}",

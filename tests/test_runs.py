@@ -97,6 +97,7 @@ def test_adapter_module_runs_unchanged(tmp_path):
             "topology.cp=2",
             "workload=adapter",
             "workload.module=adapters.fold_cp_style",
+            "workload.contract=native",
             POINTS,
             *FAST,
             f"output_dir={out}",

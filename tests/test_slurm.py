@@ -159,7 +159,7 @@ def test_a_failed_job_records_the_failing_task(tmp_path):
     out = tmp_path / "out"
     proc = cpbench(
         *LOCAL, "topology.cp=2", "workload=adapter", "workload.module=adapters.fold_cp_style",
-        "sweep.n_tokens=[16,32]", *QUICK, f"output_dir={out}",
+        "workload.contract=native",        "sweep.n_tokens=[16,32]", *QUICK, f"output_dir={out}",
         cwd=tmp_path, env={"CPBENCH_TEST_FAIL": "1:32"},
     )  # fmt: skip
     assert proc.returncode == 1
@@ -221,7 +221,7 @@ def test_a_preempted_job_requeues_and_resumes_mid_sweep(tmp_path, monkeypatch):
         cfg = compose(
             "config",
             [*LOCAL, "topology.cp=2", "workload=adapter", "workload.module=slow_steps",
-             "sweep.n_tokens=[16,32,48]", *QUICK, f"output_dir={out}"],
+             "workload.contract=native", "sweep.n_tokens=[16,32,48]", *QUICK, f"output_dir={out}"],
         )  # fmt: skip
     spec = RunSpec(settings=OmegaConf.to_object(cfg), output_dir=str(out))
     job = slurm.submit(spec, 2)

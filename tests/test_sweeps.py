@@ -97,6 +97,7 @@ def test_a_failed_job_is_listed_and_the_sweep_goes_on(tmp_path):
         "topology.cp=2,1",  # the failing job first: the next one must still run
         "workload=adapter",
         "workload.module=adapters.fold_cp_style",
+        "workload.contract=native",
         "sweep.n_tokens=[16,32]",
         *QUICK,
         f"output_dir={out}",
@@ -134,7 +135,7 @@ def test_a_killed_sweep_resumes_without_measuring_anything_twice(tmp_path):
     (tmp_path / "kill_sweep.py").write_text(KILL_SWEEP)
     out = tmp_path / "sweep"
     args = ["-m", "topology.cp=1,2", "workload=adapter", "workload.module=kill_sweep",
-            "sweep.n_tokens=[16,32,48]", *QUICK, f"output_dir={out}"]  # fmt: skip
+            "workload.contract=native", "sweep.n_tokens=[16,32,48]", *QUICK, f"output_dir={out}"]  # fmt: skip
     path = {"PYTHONPATH": f"{TESTS}:{tmp_path}"}
     killed = cpbench(*args, cwd=tmp_path, env={**path, "CPBENCH_TEST_KILL_AT": "32"})
     assert killed.returncode == -9, killed.stderr  # the whole sweep died in job 1, mid-point

@@ -7,6 +7,8 @@ keeps the failing frames' tensors alive.
 
 from __future__ import annotations
 
+import contextlib
+import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from datetime import timedelta
@@ -17,12 +19,14 @@ import torch.distributed as dist
 
 from cpbench.core import RankContext, Shape
 from cpbench.distributed.comm import LEDGER
+from cpbench.measure.checksum import local_share
 from cpbench.measure.fault import Fault
 from cpbench.measure.memory import read_peak_gib, release, reset_peak
 from cpbench.measure.oom import BudgetExceeded, describe, is_oom
 from cpbench.measure.stats import FIELDS, PointTimes, RepeatTiming
 from cpbench.measure.step import StepRunner
 from cpbench.runtime.logs import LOG
+from cpbench.runtime.seed import seed_all
 
 
 @dataclass
@@ -44,9 +48,10 @@ class PointResult:
     comm_ops: list[dict[str, Any]] = field(default_factory=list)
 
     def as_row(self) -> dict[str, Any]:
+        """The row's measured columns; a figure not measured (NaN: a phase of a whole step) is blank."""
         row = asdict(self)
         del row["comm_ops"]
-        return row
+        return {k: None if isinstance(v, float) and math.isnan(v) else v for k, v in row.items()}
 
 
 def _reduce(values: list[float], group: dist.ProcessGroup, op: dist.ReduceOp) -> list[float]:
@@ -99,7 +104,10 @@ class PointSettings:
     repeats: int = 5
     budget: Budget | None = None
     fault: Fault = field(default_factory=Fault.off)
-    agree_wait_s: float = 10.0  # after an OOM inside a step, how long to wait for the peers to agree
+    agree_wait_s: float = 10.0  # after an OOM on one rank, how long to wait for the peers to agree
+    seed: int = 0  # every build_batch starts from it
+    counts_comm: bool = True  # every collective goes through cpbench's ledger: comm figures are complete
+    profile_comm: bool = False  # comm time from the torch profiler's communication events instead
 
     def single_step(self) -> PointSettings:
         return replace(self, warmup=0, repeats=1)
@@ -115,15 +123,28 @@ def measure_point(
 
     def build() -> Any:
         fault.before_batch(ctx.rank, shape.n_tokens, ctx.device)
+        seed_all(settings.seed)
         return runner.workload.build_batch(shape, ctx)
 
     def steps() -> Any:
         with fault.in_step(ctx.rank, shape.n_tokens, ctx.device):
-            return _run_repeats(runner, batch, control, settings.warmup, settings.repeats)
+            return _run_repeats(runner, batches, control, settings)
+
+    def note(failure: str) -> None:
+        if failure:  # into every rank's log file, when it happens
+            LOG.debug("rank %d, N=%d: %s", ctx.rank, shape.n_tokens, failure)
 
     batch, failure = _guarded(build)
+    note(failure)
+    batches, batch = _Batches(batch, build, runner.fresh_batch_per_step), None
     timed = None
-    if agree_fits(not failure, control):
+    # build_batch may run collectives of its own (distribute_tensor): peers of a rank that failed
+    # before joining one are stuck in it, so a failed rank waits for them only so long.
+    try:
+        built = agree_fits(not failure, control, settings.agree_wait_s if failure else None)
+    except OutOfMemoryAlone as err:
+        raise OutOfMemoryAlone(f"{err}: {failure}") from err
+    if built:
         timed, failure = _guarded(steps)
     peak_local = read_peak_gib(ctx.device)
     if not failure and budget is not None and peak_local - budget.baseline_gib > budget.gib:
@@ -132,44 +153,109 @@ def measure_point(
                 f"peak {peak_local - budget.baseline_gib:.3f} GiB over the baseline exceeds {budget.gib} GiB"
             )
         )
-    batch = None
+    batches = None
     release(ctx.device)
-    if failure:
-        LOG.debug("rank %d, N=%d: %s", ctx.rank, shape.n_tokens, failure)  # into every rank's log file
+    if built:
+        note(failure)  # in a step, or over the budget
     # After a failure inside the steps the peers may be stuck in a collective: wait for them briefly.
-    fits = agree_fits(not failure, control, settings.agree_wait_s if failure and timed is None else None)
+    try:
+        fits = agree_fits(not failure, control, settings.agree_wait_s if failure and timed is None else None)
+    except OutOfMemoryAlone as err:
+        raise OutOfMemoryAlone(f"{err}: {failure}") from err
     peak = _reduce([peak_local], control, dist.ReduceOp.MAX)[0]
     if not fits:
         messages = [None] * dist.get_world_size(control)
         dist.all_gather_object(messages, failure, group=control)
         first = next((f"rank {r}: {m}" for r, m in enumerate(messages) if m), "")
         return PointResult(status="oom", peak_mem_gib=peak, error=first)
-    return _summarise(timed, peak, settings.repeats, control)
+    result = _summarise(timed, peak, settings.repeats, control)
+    if settings.profile_comm:
+        seconds = _reduce([timed[-1]], control, dist.ReduceOp.MAX)[0]
+        return replace(result, comm_ms=seconds * 1e3, comm_mib_per_step=None, comm_ops=[])
+    if not settings.counts_comm:  # collectives the ledger cannot see: blank, not a misleading 0
+        return replace(result, comm_ms=None, comm_mib_per_step=None, comm_ops=[])
+    return result
 
 
-def _run_repeats(runner: StepRunner, batch: Any, control, warmup: int, repeats: int):
-    for _ in range(warmup):
-        runner(batch)
+class _Batches:
+    """The batch of each step: the one built (and agreed on) first, then, when the contract asks, a new
+    one before every later step; the previous batch is freed before the next is built."""
+
+    def __init__(self, first: Any, build: Callable[[], Any], fresh: bool):
+        self.current, self.build, self.fresh, self.used = first, build, fresh, False
+
+    def next(self) -> Any:
+        if self.fresh and self.used:
+            self.current = None
+            self.current = self.build()
+        self.used = True
+        return self.current
+
+
+# The backends' own records of a collective's work in the torch profiler (gloo on CPU, NCCL on GPUs).
+_COMM_EVENTS = ("gloo:", "nccl:")
+_STEP_EVENT = "cpbench.step"
+
+
+def _comm_seconds(events: Any) -> float:
+    """Seconds inside the timed steps during which a collective was at work on this rank: the union
+    of the communication events' intervals (they overlap across threads), clipped to the steps (the
+    barrier between steps is not the workload's)."""
+    steps = [(e.time_range.start, e.time_range.end) for e in events if e.name == _STEP_EVENT]
+    spans = sorted(
+        (max(start, e.time_range.start), min(end, e.time_range.end))
+        for e in events
+        if e.name.startswith(_COMM_EVENTS)
+        for start, end in steps
+        if e.time_range.start < end and e.time_range.end > start
+    )
+    total, reach = 0.0, float("-inf")
+    for start, end in spans:
+        if end > reach:
+            total += end - max(start, reach)
+            reach = end
+    return total / 1e6  # microseconds
+
+
+def _run_repeats(runner: StepRunner, batches: _Batches, control, settings: PointSettings):
+    for _ in range(settings.warmup):
+        runner(batches.next())
     LEDGER.reset()
-    timings, out = [], None
-    for _ in range(repeats):
-        dist.barrier(group=control)  # start together; the barrier is outside the timed region
-        comm_before = LEDGER.total_seconds
-        out = None  # the last output is freed before the next step, as in a real run
-        out, phases = runner(batch)
-        comm = LEDGER.total_seconds - comm_before
-        timings.append(RepeatTiming(phases.total, phases.forward, phases.backward, phases.optimizer, comm))
-    local_sum = 0.0 if out is None else float(out.detach().double().sum())
-    return timings, local_sum, LEDGER.total_bytes / repeats, LEDGER.table()
+    timings, out, batch = [], None, None
+    profiler = torch.profiler.profile() if settings.profile_comm else contextlib.nullcontext()
+    with profiler:
+        for _ in range(settings.repeats):
+            out = batch = None  # the last output and batch are freed before the next, as in a real run
+            batch = batches.next()  # built outside the timer
+            dist.barrier(group=control)  # start together; the barrier is outside the timed region
+            comm_before = LEDGER.total_seconds
+            with torch.profiler.record_function(_STEP_EVENT):
+                out, p = runner(batch)
+            comm = LEDGER.total_seconds - comm_before
+            timings.append(RepeatTiming(p.total, p.forward, p.backward, p.optimizer, comm))
+    profiled = _comm_seconds(profiler.events()) if settings.profile_comm else 0.0
+    return (
+        timings,
+        local_share(out),
+        LEDGER.total_bytes / settings.repeats,
+        LEDGER.table(),
+        profiled / settings.repeats,
+    )
+
+
+def _agreed_checksum(share: float | None, control: dist.ProcessGroup) -> float | None:
+    """The shares summed over ranks; blank when no rank's step returned a tensor."""
+    total, counted = _reduce([share or 0.0, share is not None], control, dist.ReduceOp.SUM)
+    return total if counted else None
 
 
 def _summarise(timed, peak: float, repeats: int, control) -> PointResult:
-    timings, local_sum, bytes_per_step, ops = timed
+    timings, local_sum, bytes_per_step, ops, _ = timed
     # One MAX all-reduce gives, per repeat and field, the slowest rank (`stats.slowest` across ranks).
     flat = _reduce([v for t in timings for v in t.as_list()] + [bytes_per_step], control, dist.ReduceOp.MAX)
     width = len(FIELDS)
     slowest = [RepeatTiming(*flat[i * width : (i + 1) * width]) for i in range(repeats)]
-    checksum = _reduce([local_sum], control, dist.ReduceOp.SUM)[0]
+    checksum = _agreed_checksum(local_sum, control)
     return PointResult(
         status="ok",
         peak_mem_gib=peak,

@@ -1,30 +1,34 @@
-"""One step of a workflow, each phase timed on its own."""
+"""One step of a workflow, each phase timed on its own, under the workload's contract."""
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 
 from cpbench.core import RankContext
 from cpbench.distributed.comm import all_reduce_sum, op_label
-from cpbench.workloads.base import Workload
+from cpbench.workloads.base import Contract, Workload
 
 
 @dataclass(frozen=True)
 class Phases:
-    """Seconds of one step's phases on this rank (inference: all forward)."""
+    """Seconds of one step on this rank. Inference is all forward; a step the workload runs whole
+    (the foldcp contract in training) has no phases of its own: NaN, reported blank."""
 
     forward: float
     backward: float = 0.0
     optimizer: float = 0.0
+    total: float | None = None  # forward + backward + optimizer unless given
 
-    @property
-    def total(self) -> float:
-        return self.forward + self.backward + self.optimizer
+    def __post_init__(self) -> None:
+        if self.total is None:
+            object.__setattr__(self, "total", self.forward + self.backward + self.optimizer)
 
 
 def synchronize(device: torch.device) -> None:
@@ -33,8 +37,9 @@ def synchronize(device: torch.device) -> None:
 
 
 class StepRunner:
-    """Inference: the workload's forward. Training: forward (the workload's loss), backward, the
-    sum of replicated parameters' gradients over the CP ranks, and an AdamW step."""
+    """native: the workload's forward (its loss in training), then backward, the sum of replicated
+    parameters' gradients over the CP ranks and an AdamW step. foldcp: run_step is the whole step,
+    and the driver adds nothing to it."""
 
     def __init__(
         self,
@@ -46,15 +51,26 @@ class StepRunner:
         weight_decay: float,
     ):
         self.workload, self.model, self.train, self.device = workload, model, train, ctx.device
+        self.contract = Contract(getattr(workload, "contract", Contract.native))
+        # A DTensor parameter's gradient belongs to the model: it is complete, or sharded as the model
+        # decided; summing it over ranks would be wrong.
         params = [p for p in model.parameters() if p.requires_grad]
-        self.params = params
+        self.replicated = [p for p in params if not isinstance(p, DTensor)]
+        native_train = train and self.contract is Contract.native
         self.optimizer = (
-            torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay) if train and params else None
+            torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay) if native_train and params else None
         )
         self.grad_group = dist.group.WORLD if ctx.world_size > 1 else None
 
-    def __call__(self, batch: Any) -> tuple[torch.Tensor | None, Phases]:
+    @property
+    def fresh_batch_per_step(self) -> bool:
+        """The fold-cp driver builds a batch before every step (outside the timer)."""
+        return self.contract is Contract.foldcp
+
+    def __call__(self, batch: Any) -> tuple[Any, Phases]:
         """Run one step; return its output and the seconds of each phase."""
+        if self.contract is Contract.foldcp:
+            return self._whole_step(batch)
         synchronize(self.device)
         start = time.perf_counter()
         with torch.set_grad_enabled(self.train):  # inference keeps no autograd graph, as in a real run
@@ -75,12 +91,22 @@ class StepRunner:
         end = time.perf_counter()
         return out, Phases(forward_end - start, backward_end - forward_end, end - backward_end)
 
+    def _whole_step(self, batch: Any) -> tuple[Any, Phases]:
+        synchronize(self.device)
+        start = time.perf_counter()
+        out = self.workload.run_step(self.model, batch, self.train)
+        synchronize(self.device)
+        seconds = time.perf_counter() - start
+        if self.train:
+            return out, Phases(forward=math.nan, backward=math.nan, optimizer=math.nan, total=seconds)
+        return out, Phases(forward=seconds)
+
     @torch.no_grad()
     def _sum_gradients(self) -> None:
         """Each rank holds its shard's share of a replicated parameter's gradient: add them up."""
         if self.grad_group is None:
             return
-        grads = [p.grad for p in self.params if p.grad is not None]
+        grads = [p.grad for p in self.replicated if p.grad is not None]
         if not grads:
             return
         with op_label("grad_sync"):

@@ -22,6 +22,7 @@ class RunFolder:
     RESULTS = "results.csv"
     COMM_OPS = "comm_ops.csv"  # per measured point and op label: calls, bytes and seconds per step
     STATE = "state.json"  # the point in flight
+    OOM_ALONE = "oom_alone.json"  # a rank out of memory while its peers were stuck: what ran out
     PROBE_STATE = "probe_state.json"  # every N the probe tried, and the N in flight
     PROBE_CSV = "probe.csv"
     RUN = "run.json"  # the run's metadata
@@ -159,6 +160,23 @@ class RunFolder:
 
     def read_failure(self) -> dict[str, Any] | None:
         return self.read_json(self.failure)
+
+    @property
+    def oom_alone(self) -> Path:
+        return self.root / self.OOM_ALONE
+
+    def record_oom_alone(self, kind: str, n_tokens: int, rank: int, error: str) -> None:
+        """A rank out of memory alone ends the job before its peers can agree; it leaves this note so
+        that the relaunched run records the N in flight as not fitting, not as a crash."""
+        self.write_json(self.oom_alone, {"kind": kind, "N_tokens": n_tokens, "rank": rank, "error": error})
+
+    def take_oom_alone(self, kind: str, n_tokens: int | None) -> str | None:
+        """The error of a rank that ran out of memory alone at this in-flight N, once; else None."""
+        note = self.read_json(self.oom_alone)
+        if not note or note["kind"] != kind or note["N_tokens"] != n_tokens:
+            return None
+        self.oom_alone.unlink(missing_ok=True)
+        return f"rank {note['rank']}: {note['error']}"
 
     @property
     def in_flight(self) -> InFlight:

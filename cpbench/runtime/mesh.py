@@ -6,12 +6,16 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from cpbench.core import Topology, TopologyKind
 
+# 2d dims are named as the fold-cp driver names them, so its modules find `mesh["cp0"]`: cp0 indexes
+# the row blocks, cp1 the column blocks.
+ROWS, COLS = "cp0", "cp1"
+
 
 def build_mesh(topology: Topology, device_type: str) -> tuple[DeviceMesh, tuple[int, int], tuple]:
     """Return the mesh, this rank's (row block, column block) and its (row_peers, col_peers).
 
-    1d is a one-axis mesh ("cp") of row slabs; 2d a ("row", "col") grid. `row_peers` vary the
-    column block (they share token rows); `col_peers` vary the row block.
+    1d is a one-axis mesh ("cp") of row slabs; 2d a (cp0, cp1) grid. `row_peers` vary the column
+    block (they share token rows); `col_peers` vary the row block.
     """
     if topology.kind is TopologyKind.one_d:
         mesh = init_device_mesh(device_type, (topology.cp,), mesh_dim_names=("cp",))
@@ -19,8 +23,8 @@ def build_mesh(topology: Topology, device_type: str) -> tuple[DeviceMesh, tuple[
         col_peers = mesh.get_group("cp") if topology.cp > 1 else None
         return mesh, coords, (None, col_peers)
     rows, cols = topology.grid
-    mesh = init_device_mesh(device_type, (rows, cols), mesh_dim_names=("row", "col"))
-    coords = (mesh.get_local_rank("row"), mesh.get_local_rank("col"))
-    row_peers = mesh.get_group("col") if cols > 1 else None
-    col_peers = mesh.get_group("row") if rows > 1 else None
+    mesh = init_device_mesh(device_type, (rows, cols), mesh_dim_names=(ROWS, COLS))
+    coords = (mesh.get_local_rank(ROWS), mesh.get_local_rank(COLS))
+    row_peers = mesh.get_group(COLS) if cols > 1 else None
+    col_peers = mesh.get_group(ROWS) if rows > 1 else None
     return mesh, coords, (row_peers, col_peers)

@@ -71,6 +71,13 @@ class TimingConfig:
 
 
 @dataclass
+class MeasureConfig:
+    # comm_ms from the torch profiler's communication events (any model's collectives, at the
+    # profiler's overhead) instead of cpbench's ledger, which sees only cpbench.distributed.comm.
+    profile_comm: bool = False
+
+
+@dataclass
 class MemoryConfig:
     budget_gib: float | None = None  # per-rank cap; null: the device's own memory
     # On CPU with budget_gib null: the machine's RAM is no device memory worth probing to its end.
@@ -125,6 +132,7 @@ class BenchConfig:
     data: DataConfig = field(default_factory=DataConfig)
     probe: ProbeConfig = field(default_factory=ProbeConfig)
     timing: TimingConfig = field(default_factory=TimingConfig)
+    measure: MeasureConfig = field(default_factory=MeasureConfig)
     memory: MemoryConfig = field(default_factory=MemoryConfig)
     dist: DistConfig = field(default_factory=DistConfig)
     launch: LaunchConfig = field(default_factory=LaunchConfig)

@@ -1,4 +1,5 @@
-"""Run a module written for the fold-cp benchmark driver unchanged."""
+"""Run a module written for the fold-cp benchmark driver unchanged (`foldcp` contract), or a module
+with the same signatures and cpbench's own step semantics (`native`). See docs/adapters.md."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ from typing import Any
 
 import torch
 
-from cpbench.core import RankContext, Shape
+from cpbench.core import ConfigError, RankContext, Shape, Topology, TopologyKind
+from cpbench.workloads.base import Contract
 
 HOOKS = ("build_model", "build_batch", "run_step")
 
@@ -17,7 +19,12 @@ class WorkloadError(ValueError):
 
 
 class FoldCPAdapter:
-    def __init__(self, module: str):
+    def __init__(self, module: str, contract: str = "foldcp"):
+        try:
+            self.contract = Contract(contract)
+        except ValueError:
+            allowed = ", ".join(c.value for c in Contract)
+            raise WorkloadError(f"workload.contract={contract}: allowed values are {allowed}") from None
         try:
             self.module = importlib.import_module(module)
         except ImportError as err:
@@ -30,11 +37,23 @@ class FoldCPAdapter:
             )
         self.name = module
 
+    def check_topology(self, topology: Topology) -> None:
+        """The fold-cp driver hands its hooks a square 2d mesh named (cp0, cp1); nothing else."""
+        rows, cols = topology.grid
+        if self.contract is Contract.foldcp and (
+            rows != cols or (topology.kind is TopologyKind.one_d and rows > 1)
+        ):
+            raise ConfigError(
+                f"topology.kind={topology.kind} topology.cp={topology.cp}: workload.contract=foldcp needs "
+                "the fold-cp driver's square 2d mesh (cp0, cp1); set topology.kind=2d with cp a square "
+                "(4, 9, 16, ...), or workload.contract=native"
+            )
+
     def build_model(self, ctx: RankContext) -> torch.nn.Module:
         return self.module.build_model(ctx.mesh, ctx.device)
 
     def build_batch(self, shape: Shape, ctx: RankContext) -> Any:
         return self.module.build_batch(shape.n_tokens, shape.n_atoms, shape.msa_depth, ctx.mesh, ctx.device)
 
-    def run_step(self, model: torch.nn.Module, batch: Any, train: bool) -> torch.Tensor | None:
+    def run_step(self, model: torch.nn.Module, batch: Any, train: bool) -> Any:
         return self.module.run_step(model, batch, train)

@@ -66,6 +66,7 @@ class AxialMixWorkload:
     """Ignores N_atoms and MSA depth: it has no atom or MSA track."""
 
     name = "axial_mix"
+    counts_comm = True  # every collective goes through cpbench.distributed.comm
 
     def __init__(self, channels: int = 32, hidden: int = 64, blocks: int = 2):
         self.channels, self.hidden, self.blocks = channels, hidden, blocks

@@ -1,7 +1,9 @@
-"""The workload interface: three hooks over the core vocabulary (`cpbench.core`)."""
+"""The workload interface: three hooks over the core vocabulary (`cpbench.core`), under one of two
+step contracts (docs/adapters.md)."""
 
 from __future__ import annotations
 
+from enum import Enum
 from typing import Any, Protocol
 
 import torch
@@ -9,9 +11,20 @@ import torch
 from cpbench.core import RankContext, Shape
 
 
+class Contract(str, Enum):
+    # run_step returns this rank's loss share in training; the driver runs backward, sums replicated
+    # gradients over the ranks and steps AdamW. One batch per point.
+    native = "native"
+    # The fold-cp driver's: run_step does the whole step (train: forward, backward, optimizer step) and
+    # may return anything; build_batch runs before every warm-up and timed step, outside the timer.
+    foldcp = "foldcp"
+
+
 class Workload(Protocol):
-    """A CP model as cpbench drives it. `run_step(train=True)` returns the loss for the driver to
-    backpropagate (or None when the step did its own backward); inference returns an output."""
+    """A CP model as cpbench drives it. Optional attributes and hooks: `contract` (default native),
+    `columns(train) -> dict` (settings results.csv records in each of its rows), `check_topology(
+    topology)` (refuse a topology before any rank starts), `counts_comm` (True when every collective
+    goes through cpbench.distributed.comm, so comm_ms is complete)."""
 
     name: str
 
@@ -19,7 +32,4 @@ class Workload(Protocol):
 
     def build_batch(self, shape: Shape, ctx: RankContext) -> Any: ...
 
-    def run_step(self, model: torch.nn.Module, batch: Any, train: bool) -> torch.Tensor | None: ...
-
-    # Optional: `columns(train) -> dict` names settings that results.csv records in each row of
-    # this workload (the fold workload's sampling steps and recycles).
+    def run_step(self, model: torch.nn.Module, batch: Any, train: bool) -> Any: ...

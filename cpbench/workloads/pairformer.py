@@ -61,6 +61,7 @@ class PairformerWorkload:
     track); atoms are synthesized with the inputs but unused."""
 
     name = "pairformer"
+    counts_comm = True  # every collective goes through cpbench.distributed.comm
 
     def __init__(
         self,

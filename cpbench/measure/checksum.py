@@ -1,0 +1,40 @@
+"""A checksum of whatever a step returns: tensors, DTensors and tuples, lists and dicts of them.
+
+Each rank contributes its share; the shares summed over the ranks are the checksum. A DTensor is
+counted once: its shards each count, a replica only on the first rank of its mesh dim, a pending
+sum as it is and a pending average divided by the ranks it averages over (any other pending
+reduction is taken from the first rank). Nothing returned leaves the checksum blank, never 0."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch.distributed.tensor import DTensor
+
+
+def local_share(out: Any) -> float | None:
+    """This rank's share of the float64 sum of `out`; None when `out` holds no tensor."""
+    if isinstance(out, DTensor):
+        coordinate = out.device_mesh.get_coordinate()
+        if coordinate is None:  # this rank is not on the tensor's mesh
+            return None
+        share = float(out.to_local().detach().double().sum())
+        for dim, placement in enumerate(out.placements):
+            op = getattr(placement, "reduce_op", None) if placement.is_partial() else None
+            if op == "avg":
+                share /= out.device_mesh.size(dim)
+            elif op != "sum" and not placement.is_shard() and coordinate[dim] != 0:
+                return 0.0  # a replica (or a pending max or min): counted on the first rank only
+        return share
+    if isinstance(out, torch.Tensor):
+        return float(out.detach().double().sum())
+    if isinstance(out, Mapping):
+        parts = [local_share(v) for v in out.values()]
+    elif isinstance(out, (tuple, list)):
+        parts = [local_share(v) for v in out]
+    else:
+        return None
+    found = [p for p in parts if p is not None]
+    return sum(found) if found else None

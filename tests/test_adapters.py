@@ -1,0 +1,113 @@
+"""Your own CP model, unchanged: a module written for the fold-cp driver, built on DTensor
+(tests/adapters/dtensor_pair.py), through `python -m cpbench workload=adapter` on a 2x2 grid."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+import pytest
+from conftest import TIMING, cpbench, ok, results
+
+DTENSOR = ["workload=adapter", "workload.module=adapters.dtensor_pair", "topology.kind=2d"]
+GRID = [*DTENSOR, "topology.cp=4"]
+POINTS = ["sweep.n_tokens=[16,32]", "probe.enabled=false", *TIMING]
+# A rank's failure ends the attempt within agree_timeout_s; a hang would wait out dist.timeout_s,
+# longer than the test's own timeout.
+BOUNDED = ["dist.agree_timeout_s=5", "dist.timeout_s=900"]
+
+
+@pytest.fixture(scope="module")
+def inference(tmp_path_factory):
+    """The DTensor module at 2x2, twice with one config, and at one rank."""
+    root = tmp_path_factory.mktemp("dtensor")
+    runs = {}
+    for name, topology in (("first", GRID), ("again", GRID), ("one", [*DTENSOR, "topology.cp=1"])):
+        ok(cpbench(*topology, *POINTS, f"output_dir={root / name}", cwd=root, timeout=240))
+        runs[name] = results(root / name)
+    return runs
+
+
+def test_dtensor_module_runs_unchanged_at_2x2(inference):
+    frame = inference["first"]
+    assert list(frame["status"]) == ["ok", "ok"] and set(frame["grid"]) == {"2x2"}
+    assert frame["walltime_ms"].gt(0).all()
+    assert frame["comm_ms"].isna().all()  # its collectives bypass cpbench's ledger: blank, not 0
+
+
+def test_the_same_config_gives_the_same_checksums(inference):
+    assert list(inference["first"]["checksum"]) == list(inference["again"]["checksum"])
+
+
+def test_dtensor_checksum_counts_each_value_once(inference):
+    """Sharded outputs summed over the 4 ranks equal the one-rank sum (a replica counted once)."""
+    cp4, one = inference["first"]["checksum"], inference["one"]["checksum"]
+    assert cp4.notna().all()
+    assert list(cp4) == pytest.approx(list(one), rel=1e-6)
+
+
+def test_training_the_module_steps_itself(tmp_path):
+    out = tmp_path / "out"
+    ok(cpbench(*GRID, *POINTS, "workflow=training", f"output_dir={out}", cwd=tmp_path, timeout=240))
+    frame = results(out)
+    assert list(frame["status"]) == ["ok", "ok"] and frame["checksum"].notna().all()
+    # The driver adds no backward or optimizer: the step's phases are the module's, not split.
+    assert frame[["forward_ms", "backward_ms", "optimizer_ms"]].isna().all().all()
+
+
+def test_profile_comm_sees_the_models_own_collectives(tmp_path):
+    out = tmp_path / "out"
+    ok(cpbench(*GRID, *POINTS, "measure.profile_comm=true", f"output_dir={out}", cwd=tmp_path, timeout=240))
+    frame = results(out)
+    assert frame["comm_ms"].gt(0).all() and (frame["comm_ms"] < frame["walltime_ms"]).all()
+
+
+@pytest.mark.parametrize(("kind", "cp"), [("1d", 4), ("2d", 2)])
+def test_a_topology_the_contract_cannot_serve_is_refused_in_one_line(tmp_path, kind, cp):
+    out = tmp_path / "out"
+    args = ["workload=adapter", "workload.module=adapters.dtensor_pair", f"topology.kind={kind}"]
+    proc = cpbench(*args, f"topology.cp={cp}", f"output_dir={out}", cwd=tmp_path, timeout=60)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().count("\n") == 0, proc.stderr
+    assert "workload.contract=foldcp needs the fold-cp driver's square 2d mesh" in proc.stderr
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(("rank", "where"), [(0, "batch"), (1, "step")])
+def test_a_rank_out_of_memory_inside_the_models_collectives_is_bounded(tmp_path, rank, where):
+    """Rank 0 before build_batch's distribute_tensor (its peers wait for its scatter), or rank 1
+    between two of the model's own collectives: the point is recorded as not fitting, quickly."""
+    out = tmp_path / "out"
+    proc = cpbench(*GRID, *POINTS, *BOUNDED, f"output_dir={out}", cwd=tmp_path, timeout=400,
+                   env={"CPBENCH_TEST_OOM": f"{rank}:32:{where}"})  # fmt: skip
+    ok(proc)
+    frame = results(out)
+    assert list(zip(frame["N_tokens"], frame["status"], strict=True)) == [(16, "ok"), (32, "oom")]
+    assert f"rank {rank}" in frame["error"].iloc[1]
+    # The failing rank gave up (its error file) at most agree_timeout_s + 10 s after it failed (its log).
+    failed_at = next(
+        datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f")
+        for line in (out / "logs" / f"rank{rank}.log").read_text().splitlines()
+        if "N=32: RuntimeError" in line
+    )
+    [error_file] = (out / "logs" / "launch").glob(f"*/attempt_0/{rank}/error.json")
+    waited = datetime.fromtimestamp(error_file.stat().st_mtime) - failed_at
+    assert waited.total_seconds() < 5 + 10, waited
+
+
+def test_the_probe_under_a_cpu_budget_and_a_fault_in_the_full_measurement(tmp_path):
+    """The probe's steps fit up to 128, but the full measurement at each N >= 96 runs out of memory
+    (every rank, from its second batch): the answer steps down to 64 instead of keeping a max-fit row."""
+    out = tmp_path / "out"
+    probe = ["sweep.n_tokens=[]", "probe.enabled=true", "probe.start=64", "probe.max_tokens=128",
+             "probe.granularity=32", "memory.cpu_budget_gib=1.0", *TIMING]  # fmt: skip
+    ok(cpbench(*GRID, *probe, f"output_dir={out}", cwd=tmp_path, timeout=300,
+               env={"CPBENCH_TEST_OOM": "*:96:repeat"}))  # fmt: skip
+    frame = results(out)
+    points = frame[frame["kind"] == "point"]
+    assert list(zip(points["N_tokens"], points["status"], strict=True)) == [
+        (128, "oom"),
+        (96, "oom"),
+        (64, "ok"),
+    ]
+    fit = frame[frame["kind"] == "max-fit"].iloc[0]
+    assert (fit["N_tokens"], fit["status"], fit["oom_at"]) == (64, "ok", 96)
