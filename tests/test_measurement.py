@@ -12,9 +12,12 @@ import torch
 import torch.distributed as dist
 from conftest import FAST, cpbench, ok, results
 
+from cpbench.core import Shape, Topology
 from cpbench.measure.memory import read_peak_gib, release, reset_peak
-from cpbench.measure.point import _summarise
+from cpbench.measure.point import PointSettings, _summarise, measure_point
 from cpbench.measure.stats import PointTimes, RepeatTiming, comm_mib_per_step, median_iqr, slowest
+from cpbench.measure.step import StepRunner
+from cpbench.runtime.rank import rank_runtime
 
 MS = 1e-3
 
@@ -127,6 +130,31 @@ def test_peak_sees_a_freed_buffer_until_it_is_reset(device):
     assert read_peak_gib(device) - before == pytest.approx(BUFFER_GIB, abs=0.05)  # freed, still the peak
     reset_peak(device)
     assert read_peak_gib(device) - before == pytest.approx(0, abs=0.05)  # the next point starts clean
+
+
+class OnesWorkload:
+    """Each step returns a fresh 256 MiB float32 tensor of ones: the step's peak is known."""
+
+    name = "ones"
+
+    def build_batch(self, shape: Shape, ctx) -> None:
+        return None
+
+    def run_step(self, model: torch.nn.Module, batch: None, train: bool) -> torch.Tensor:
+        return torch.ones(2**26)
+
+
+def test_peak_is_the_steps_and_the_checksum_is_exact():
+    """The output's float64 checksum is no part of the peak (a float64 copy would add 0.5 GiB)."""
+    with rank_runtime(Topology("1d", 1, (1, 1)), "gloo", 60, torch.float32, 0) as ctx:
+        runner = StepRunner(OnesWorkload(), torch.nn.Identity(), False, ctx, 1e-4, 0.0)
+        release(ctx.device)
+        reset_peak(ctx.device)
+        baseline = read_peak_gib(ctx.device)
+        result = measure_point(runner, Shape(64, 1, 1), ctx, dist.group.WORLD, PointSettings(1, 2))
+    # Measured 0.29-0.31 GiB: the output and what else the first steps make resident (tens of MiB).
+    assert result.peak_mem_gib - baseline == pytest.approx(0.25, abs=0.1)
+    assert result.checksum == 2**26
 
 
 def test_each_point_has_its_own_peak(tmp_path):

@@ -160,8 +160,17 @@ def _run_repeats(runner: StepRunner, batch: Any, control, warmup: int, repeats: 
         out, phases = runner(batch)
         comm = LEDGER.total_seconds - comm_before
         timings.append(RepeatTiming(phases.total, phases.forward, phases.backward, phases.optimizer, comm))
-    local_sum = 0.0 if out is None else float(out.detach().double().sum())
-    return timings, local_sum, LEDGER.total_bytes / repeats, LEDGER.table()
+    return timings, 0.0 if out is None else _output_sum(out), LEDGER.total_bytes / repeats, LEDGER.table()
+
+
+_SUM_CHUNK = 2**20  # elements
+
+
+def _output_sum(out: torch.Tensor) -> float:
+    """The output's float64 sum, a chunk at a time: a float64 copy of the whole output would count in
+    the point's peak (twice the output's size in float32)."""
+    chunks = out.detach().reshape(-1).split(_SUM_CHUNK)
+    return math.fsum(float(chunk.sum(dtype=torch.float64)) for chunk in chunks)
 
 
 def _summarise(timed, peak: float, repeats: int, control) -> PointResult:
