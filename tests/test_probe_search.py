@@ -86,3 +86,15 @@ def test_guided_falls_back_to_bisection_when_the_model_does_not_fit():
     )
     best, fail = bounds(trials)
     assert fail.n - best.n <= 16
+
+
+def test_bounds_does_not_trust_a_fit_above_a_failure():
+    # 768 failed, 896 fitted later (a transient failure below, or memory not monotone in N).
+    history = [
+        Trial(512, True, "ok"),
+        Trial(1024, False, "oom"),
+        Trial(768, False, "oom"),
+        Trial(896, True, "ok"),
+    ]
+    best, fail = bounds(history)
+    assert (best.n, fail.n) == (512, 768)

@@ -7,11 +7,21 @@ reduction is taken from the first rank). Nothing returned leaves the checksum bl
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
 import torch
 from torch.distributed.tensor import DTensor
+
+_CHUNK = 2**20  # elements
+
+
+def _sum(tensor: torch.Tensor) -> float:
+    """The float64 sum a chunk at a time: a float64 copy of a whole output would count in the
+    point's peak memory (twice the output's size in float32)."""
+    chunks = tensor.detach().reshape(-1).split(_CHUNK)
+    return math.fsum(float(chunk.sum(dtype=torch.float64)) for chunk in chunks)
 
 
 def local_share(out: Any) -> float | None:
@@ -20,7 +30,7 @@ def local_share(out: Any) -> float | None:
         coordinate = out.device_mesh.get_coordinate()
         if coordinate is None:  # this rank is not on the tensor's mesh
             return None
-        share = float(out.to_local().detach().double().sum())
+        share = _sum(out.to_local())
         for dim, placement in enumerate(out.placements):
             op = getattr(placement, "reduce_op", None) if placement.is_partial() else None
             if op == "avg":
@@ -29,7 +39,7 @@ def local_share(out: Any) -> float | None:
                 return 0.0  # a replica (or a pending max or min): counted on the first rank only
         return share
     if isinstance(out, torch.Tensor):
-        return float(out.detach().double().sum())
+        return _sum(out)
     if isinstance(out, Mapping):
         parts = [local_share(v) for v in out.values()]
     elif isinstance(out, (tuple, list)):

@@ -1,9 +1,11 @@
-"""Fault injection for the never-hang guarantees: one chosen rank runs out of memory (a real
-failing allocation) or is killed, at N_tokens >= a threshold, either while its batch is built
-(before the step's first collective) or inside the step between two collectives."""
+"""Fault injection for the never-hang and agreement guarantees: one chosen rank runs out of memory (a
+real failing allocation), is killed, or overruns its budget (a peak over it that no failing allocation
+reports), at N_tokens >= a threshold, either while its batch is built (before the step's first
+collective) or inside the step between two collectives."""
 
 from __future__ import annotations
 
+import mmap
 import os
 import signal
 from collections.abc import Iterator
@@ -13,10 +15,24 @@ import torch
 
 from cpbench.distributed.comm import LEDGER
 
+OVERRUN_BYTES = 2**30
+
+
+def _overrun() -> None:
+    """Make 1 GiB resident in a shared mapping, which the CPU cap (RLIMIT_DATA) does not count but
+    the peak (VmHWM) does, then free it: the step goes on and only the budget check sees it."""
+    with mmap.mmap(-1, OVERRUN_BYTES) as pages:
+        view = torch.frombuffer(pages, dtype=torch.uint8)
+        view.fill_(1)
+        del view  # the mapping cannot close while a tensor still views it
+
 
 def _strike(kind: str, device: torch.device) -> None:
     if kind == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
+    if kind == "overrun":
+        _overrun()
+        return
     torch.empty(2**62, dtype=torch.uint8, device=device)  # no allocator can serve this: a real OOM
 
 
@@ -41,13 +57,14 @@ class Fault:
         if self.where != "step" or not self.armed(rank, n_tokens):
             yield
             return
-        seen: list[int] = []  # the collective count at the step's first submodule call
+        seen: list[int] = []  # the collective count at the step's first submodule call, then at the strike
 
         def hook(module, args):
             calls = sum(LEDGER.calls.values())
             if not seen:
                 seen.append(calls)
-            elif calls > seen[0]:
+            elif len(seen) == 1 and calls > seen[0]:
+                seen.append(calls)  # strike once: an overrun lets the step go on
                 _strike(self.kind, device)
 
         handle = torch.nn.modules.module.register_module_forward_pre_hook(hook)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from datetime import timedelta
 from typing import Any
@@ -23,7 +23,7 @@ from cpbench.measure.checksum import local_share
 from cpbench.measure.fault import Fault
 from cpbench.measure.memory import read_peak_gib, release, reset_peak
 from cpbench.measure.oom import BudgetExceeded, describe, is_oom
-from cpbench.measure.stats import FIELDS, PointTimes, RepeatTiming
+from cpbench.measure.stats import PointTimes, RepeatTiming, comm_mib_per_step
 from cpbench.measure.step import StepRunner
 from cpbench.runtime.logs import LOG
 from cpbench.runtime.seed import seed_all
@@ -41,7 +41,7 @@ class PointResult:
     backward_ms: float | None = None
     optimizer_ms: float | None = None
     comm_ms: float | None = None  # median over repeats of the largest per-rank time in collectives
-    comm_mib_per_step: float | None = None  # max over ranks of bytes sent per step
+    comm_mib_per_step: float | None = None  # max over ranks of MiB sent per step
     checksum: float | None = None  # float64 sum of the step output over all ranks
     error: str = ""
     # Per op label: calls, bytes sent (forward, backward) and seconds per step, max over ranks.
@@ -243,35 +243,27 @@ def _run_repeats(runner: StepRunner, batches: _Batches, control, settings: Point
     )
 
 
-def _agreed_checksum(share: float | None, control: dist.ProcessGroup) -> float | None:
-    """The shares summed over ranks; blank when no rank's step returned a tensor."""
-    total, counted = _reduce([share or 0.0, share is not None], control, dist.ReduceOp.SUM)
-    return total if counted else None
-
-
 def _summarise(timed, peak: float, repeats: int, control) -> PointResult:
-    timings, local_sum, bytes_per_step, ops, _ = timed
-    # One MAX all-reduce gives, per repeat and field, the slowest rank (`stats.slowest` across ranks).
-    flat = _reduce([v for t in timings for v in t.as_list()] + [bytes_per_step], control, dist.ReduceOp.MAX)
-    width = len(FIELDS)
-    slowest = [RepeatTiming(*flat[i * width : (i + 1) * width]) for i in range(repeats)]
-    checksum = _agreed_checksum(local_sum, control)
+    """Every rank's figures, gathered on the control group and reduced by the pure functions of
+    `stats`, so that their unit tests pin what a run reports."""
+    gathered: list[Any] = [None] * dist.get_world_size(control)
+    dist.all_gather_object(gathered, timed, group=control)
+    timings, shares, bytes_per_step, ops, _ = zip(*gathered, strict=True)
+    counted = [share for share in shares if share is not None]  # blank when no rank returned a tensor
     return PointResult(
         status="ok",
         peak_mem_gib=peak,
-        **asdict(PointTimes.of(slowest)),
-        comm_mib_per_step=flat[-1] / 2**20,
-        checksum=checksum,
-        comm_ops=_slowest_ops(ops, repeats, control),
+        **asdict(PointTimes.across_ranks(timings)),
+        comm_mib_per_step=comm_mib_per_step(bytes_per_step),
+        checksum=math.fsum(counted) if counted else None,
+        comm_ops=_slowest_ops(ops, repeats),
     )
 
 
-def _slowest_ops(ops: list[dict[str, Any]], repeats: int, control) -> list[dict[str, Any]]:
+def _slowest_ops(per_rank: Sequence[list[dict[str, Any]]], repeats: int) -> list[dict[str, Any]]:
     """Each op's per-step figures, the largest over ranks (ranks of a 2d grid send unequal amounts)."""
-    gathered: list[Any] = [None] * dist.get_world_size(control)
-    dist.all_gather_object(gathered, ops, group=control)
     merged: dict[str, dict[str, Any]] = {}
-    for rank_ops in gathered:
+    for rank_ops in per_rank:
         for op in rank_ops:
             row = merged.setdefault(op["op"], {"op": op["op"]})
             for key in ("calls", "fwd_bytes", "bwd_bytes", "seconds"):

@@ -26,11 +26,8 @@ class RepeatTiming:
         return list(dataclasses.astuple(self))
 
 
-FIELDS = tuple(f.name for f in dataclasses.fields(RepeatTiming))
-
-
 def slowest(per_rank: Sequence[Sequence[RepeatTiming]]) -> list[RepeatTiming]:
-    """Per repeat and field, the largest value over ranks: what one MAX all-reduce computes."""
+    """Per repeat and field, the largest value over ranks: a step is as fast as its slowest rank."""
     return [
         RepeatTiming(*(max(values) for values in zip(*(t.as_list() for t in repeat), strict=True)))
         for repeat in zip(*per_rank, strict=True)
@@ -64,3 +61,13 @@ class PointTimes:
             return statistics.median(getattr(r, name) * 1e3 for r in repeats)
 
         return cls(total, iqr, median("forward"), median("backward"), median("optimizer"), median("comm"))
+
+    @classmethod
+    def across_ranks(cls, per_rank: Sequence[Sequence[RepeatTiming]]) -> PointTimes:
+        """The figures of a point from every rank's repeats: the slowest rank per repeat, then the median."""
+        return cls.of(slowest(per_rank))
+
+
+def comm_mib_per_step(bytes_per_step: Sequence[float]) -> float:
+    """MiB sent per step by the rank that sends the most (ranks of a 2d grid send unequal amounts)."""
+    return max(bytes_per_step) / 2**20

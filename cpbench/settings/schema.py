@@ -106,7 +106,9 @@ class FaultConfig:
     rank: int | None = None
     at_n: int | None = None  # strike at N_tokens >= at_n
     where: str = "step"  # batch: before the step's first collective; step: between two collectives
-    kind: str = "oom"  # oom: a real failing allocation; kill: SIGKILL
+    # oom: a real failing allocation; kill: SIGKILL; overrun (CPU): 1 GiB resident outside the cap,
+    # a peak over the budget that no failing allocation reports
+    kind: str = "oom"
 
 
 @dataclass
