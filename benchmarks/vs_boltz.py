@@ -184,7 +184,7 @@ def measure(n: int, repeats: int, warmup: int) -> dict[str, dict[str, float]]:
         for side in sides:
             side.s.grad = side.z.grad = None
             side.module.zero_grad(set_to_none=True)
-        mem = {side.name: peak_mib(lambda side=side: step(side)) for side in sides}
+        mem = {side.name: peak_mib(lambda side=side, step=step: step(side)) for side in sides}
         for side in sides:
             result.setdefault(side.name, {})[f"{phase} ms"] = statistics.median(times[side.name]) * 1e3
             result[side.name][f"{phase} MiB"] = mem[side.name]
@@ -205,8 +205,8 @@ def main() -> None:
         return
     torch.set_num_threads(args.threads)
     ctypes.CDLL("libc.so.6").mallopt(M_MMAP_THRESHOLD, 128 * 1024)
-    print("| N | fwd ms cpbench / boltz | ratio | fwd+bwd ms cpbench / boltz | ratio | "
-          "fwd MiB cpbench / boltz | ratio | fwd+bwd MiB cpbench / boltz | ratio | max rel dev |")  # fmt: skip
+    print("| N | fwd ms cpbench / boltz | ratio | fwd+bwd ms cpbench / boltz | ratio | fwd MiB cpbench / "
+          "boltz | ratio | fwd+bwd MiB cpbench / boltz | ratio | max rel dev |")  # fmt: skip
     print("|---|---|---|---|---|---|---|---|---|---|")
     for n in args.n:
         r = measure(n, args.repeats, args.warmup)
@@ -215,8 +215,10 @@ def main() -> None:
         for key in ("fwd ms", "fwd+bwd ms", "fwd MiB", "fwd+bwd MiB"):
             cells.append(f"{ours[key]:.1f} / {theirs[key]:.1f} | {ours[key] / theirs[key]:.2f}x")
         print(f"| {n} | " + " | ".join(cells) + f" | {r['check']['max_rel_dev']:.1e} |", flush=True)
-    print(f"\ntorch {torch.__version__}, {torch.get_num_threads()} threads, fp32, B=1; "
-          f"median of {args.repeats}; python {sys.version.split()[0]}")
+    print(
+        f"\ntorch {torch.__version__}, {torch.get_num_threads()} threads, fp32, B=1; "
+        f"median of {args.repeats}; python {sys.version.split()[0]}"
+    )
 
 
 if __name__ == "__main__":
