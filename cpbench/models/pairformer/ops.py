@@ -27,6 +27,25 @@ def triangle_out(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.einsum("ikc,jkc->ijc", a, b)
 
 
+def _logits(q: torch.Tensor, k: torch.Tensor, bias: torch.Tensor, mask_bias: torch.Tensor) -> torch.Tensor:
+    """Scaled q.k plus biases, [..., H, Q, K] float32, written by a head-major matmul so the largest
+    tensor here is made contiguous once and never copied (an einsum to this layout permutes it)."""
+    q = (q * q.shape[-1] ** -0.5).movedim(-2, -3)
+    logits = torch.matmul(q, k.movedim(-2, -3).transpose(-1, -2)).float()
+    # In place: the logits are the largest tensor here (N^3 H / P in a triangle attention) and
+    # neither the matmul nor the additions keep them for the backward.
+    return logits.add_(bias.float()).add_(mask_bias)
+
+
+def attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, mask_bias: torch.Tensor
+) -> torch.Tensor:
+    """The normalised output [..., H, Q, d] when every key is here: one fused softmax, the same math
+    as `finish(attention_partial(...))` with no running max or sum to keep for the backward."""
+    p = torch.softmax(_logits(q, k, bias, mask_bias), dim=-1)
+    return torch.matmul(p.to(v.dtype), v.movedim(-2, -3)).float()
+
+
 def attention_partial(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, mask_bias: torch.Tensor
 ) -> Partial:
@@ -34,13 +53,10 @@ def attention_partial(
 
     Logits are scaled by 1/sqrt(d) and the softmax runs in float32 (also under bf16 autocast).
     """
-    logits = torch.einsum("...qhd,...khd->...hqk", q * q.shape[-1] ** -0.5, k).float()
-    # In place: the logits are the largest tensor here (N^3 H / P in a triangle attention) and
-    # neither the matmul nor the additions keep them for the backward.
-    logits.add_(bias.float()).add_(mask_bias)
+    logits = _logits(q, k, bias, mask_bias)
     m = logits.amax(dim=-1, keepdim=True).detach()
-    p = (logits - m).exp_()
-    o = torch.einsum("...hqk,...khd->...hqd", p.to(v.dtype), v).float()
+    p = logits.sub_(m).exp_()  # in place: only exp's output is kept for the backward
+    o = torch.matmul(p.to(v.dtype), v.movedim(-2, -3)).float()
     return Partial(o, p.sum(dim=-1, keepdim=True), m)
 
 
