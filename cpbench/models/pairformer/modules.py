@@ -53,9 +53,11 @@ class TriangleMultiplication(nn.Module):
         self.out = LinearNoBias(c_hidden, c_z)
 
     def _pre(self, z: torch.Tensor, pair_mask: torch.Tensor):
+        # The mask multiplies last: the backward then keeps the mask (no grad) rather than a
+        # masked copy of the gate, one N^2 c tensor fewer for each of a and b.
         x = self.norm_in(z)
-        a = pair_mask * torch.sigmoid(self.a_gate(x)) * self.a_proj(x)
-        b = pair_mask * torch.sigmoid(self.b_gate(x)) * self.b_proj(x)
+        a = torch.sigmoid(self.a_gate(x)) * self.a_proj(x) * pair_mask
+        b = torch.sigmoid(self.b_gate(x)) * self.b_proj(x) * pair_mask
         return a, b, torch.sigmoid(self.gate(x))
 
     def _post(self, t: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
@@ -128,7 +130,8 @@ class TriangleAttention(nn.Module):
                 args = [(_rows(q, i), _rows(k, i), _rows(v, i), bias, _rows(mask_bias, i)[:, None, None, :])
                         for i in slices]  # fmt: skip
                 if layout.single:  # every key in one piece: a plain softmax
-                    return self._post(torch.cat([self._attend(*a) for a in args]), g)
+                    outs = [self._attend(*a) for a in args]
+                    return self._post(outs[0] if len(outs) == 1 else torch.cat(outs), g)
                 part = ops.cat_partials([self._partial(*a) for a in args], dim=0)
                 state = part if state is None else ops.merge(state, part)
         return self._post(ops.finish(state), g)
