@@ -53,11 +53,13 @@ class TriangleMultiplication(nn.Module):
         self.out = LinearNoBias(c_hidden, c_z)
 
     def _pre(self, z: torch.Tensor, pair_mask: torch.Tensor):
-        # The mask multiplies last: the backward then keeps the mask (no grad) rather than a
-        # masked copy of the gate, one N^2 c tensor fewer for each of a and b.
+        # a and b through one gate and one projection matmul each (stacked weights: x is read twice,
+        # not four times). The mask multiplies last: the backward then keeps the mask (no grad)
+        # rather than a masked copy of the gate, one N^2 c tensor fewer.
         x = self.norm_in(z)
-        a = torch.sigmoid(self.a_gate(x)) * self.a_proj(x) * pair_mask
-        b = torch.sigmoid(self.b_gate(x)) * self.b_proj(x) * pair_mask
+        gate = F.linear(x, torch.cat([self.a_gate.weight, self.b_gate.weight]))
+        proj = F.linear(x, torch.cat([self.a_proj.weight, self.b_proj.weight]))
+        a, b = (torch.sigmoid(gate) * proj * pair_mask).chunk(2, dim=-1)
         return a, b, torch.sigmoid(self.gate(x))
 
     def _post(self, t: torch.Tensor, g: torch.Tensor) -> torch.Tensor:

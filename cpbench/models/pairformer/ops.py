@@ -46,8 +46,14 @@ def attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, mask_bias: torch.Tensor
 ) -> torch.Tensor:
     """The normalised output [..., H, Q, d] when every key is here: one fused softmax, the same math
-    as `finish(attention_partial(...))` with no running max or sum to keep for the backward."""
-    p = torch.softmax(_logits(q, k, bias, mask_bias), dim=-1)
+    as `finish(attention_partial(...))` with no running max or sum to keep for the backward.
+    Without autograd the softmax runs in place, so logits and weights are never both alive."""
+    logits = _logits(q, k, bias, mask_bias)
+    if logits.requires_grad:
+        p = torch.softmax(logits, dim=-1)
+    else:
+        p = logits.sub_(logits.amax(dim=-1, keepdim=True)).exp_()
+        p = p.div_(p.sum(dim=-1, keepdim=True))
     return torch.matmul(p.to(v.dtype), v.movedim(-2, -3)).float()
 
 
