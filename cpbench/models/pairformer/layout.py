@@ -53,6 +53,12 @@ class PairLayout:
         rows, cols = self.rows(mask.shape[0]), self.cols(mask.shape[0])
         return mask[rows.start : rows.stop, None] * mask[None, cols.start : cols.stop]
 
+    @property
+    def single(self) -> bool:
+        """One rank: every key of an attention is here at once, so the ops take a plain softmax,
+        the same math as merging partials, with nothing moved."""
+        return self.grid.size == 1
+
     def transposed(self) -> PairLayout:
         """The layout of z^T when each rank reads its own block transposed (no communication)."""
         return PairLayout(self.grid.transposed())

@@ -27,8 +27,14 @@ class LinearNoBias(nn.Linear):
 def _chunks(length: int, chunk_size: int | None) -> list[slice]:
     """Row slices for inference chunking; one slice when chunking is off or while autograd records."""
     if chunk_size is None or chunk_size >= length or torch.is_grad_enabled():
-        return [slice(0, length)]
+        return [slice(None)]
     return [slice(i, min(i + chunk_size, length)) for i in range(0, length, chunk_size)]
+
+
+def _rows(x: torch.Tensor, rows: slice) -> torch.Tensor:
+    """x[rows], or x itself for all rows: a full slice would still cost a zero-filled copy in the
+    backward (slice_backward), the size of x, per call."""
+    return x if rows == slice(None) else x[rows]
 
 
 class TriangleMultiplication(nn.Module):
@@ -47,9 +53,13 @@ class TriangleMultiplication(nn.Module):
         self.out = LinearNoBias(c_hidden, c_z)
 
     def _pre(self, z: torch.Tensor, pair_mask: torch.Tensor):
+        # a and b through one gate and one projection matmul each (stacked weights: x is read twice,
+        # not four times). The mask multiplies last: the backward then keeps the mask (no grad)
+        # rather than a masked copy of the gate, one N^2 c tensor fewer.
         x = self.norm_in(z)
-        a = pair_mask * torch.sigmoid(self.a_gate(x)) * self.a_proj(x)
-        b = pair_mask * torch.sigmoid(self.b_gate(x)) * self.b_proj(x)
+        gate = F.linear(x, torch.cat([self.a_gate.weight, self.b_gate.weight]))
+        proj = F.linear(x, torch.cat([self.a_proj.weight, self.b_proj.weight]))
+        a, b = (torch.sigmoid(gate) * proj * pair_mask).chunk(2, dim=-1)
         return a, b, torch.sigmoid(self.gate(x))
 
     def _post(self, t: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
@@ -69,7 +79,7 @@ class TriangleAttention(nn.Module):
     """Algorithms 14 (starting node: row i attends over k with bias b_jk) and 15 (ending node:
     column j attends over k with bias b_ki), with gating and a per-head bias from z."""
 
-    LOCAL_METHODS = ("_pre", "_kv", "_partial", "_post")
+    LOCAL_METHODS = ("_pre", "_kv", "_attend", "_partial", "_post")
 
     def __init__(self, c_z: int, heads: int, width: int, starting: bool, chunk_size: int | None = None):
         super().__init__()
@@ -89,11 +99,14 @@ class TriangleAttention(nn.Module):
         return (self.k(x).unflatten(-1, (self.heads, self.width)),
                 self.v(x).unflatten(-1, (self.heads, self.width)))  # fmt: skip
 
+    def _attend(self, q, k, v, bias, mask_bias) -> torch.Tensor:
+        return ops.attention(q, k, v, bias, mask_bias)
+
     def _partial(self, q, k, v, bias, mask_bias) -> ops.Partial:
         return ops.attention_partial(q, k, v, bias, mask_bias)
 
-    def _post(self, part: ops.Partial, g: torch.Tensor) -> torch.Tensor:
-        o = ops.finish(part).permute(0, 2, 1, 3).flatten(-2)  # [i, h, j, d] -> [i, j, h*d]
+    def _post(self, o: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+        o = o.permute(0, 2, 1, 3).flatten(-2)  # [i, h, j, d] -> [i, j, h*d]
         return self.out(g * o.to(g.dtype))
 
     def forward(self, z: torch.Tensor, mask: torch.Tensor, layout: PairLayout) -> torch.Tensor:
@@ -115,13 +128,15 @@ class TriangleAttention(nn.Module):
             for sub, bias in layout.fetch_rows(bias_t, keys, n):
                 k, v = self._kv(x_keys[:, sub.start - keys.start : sub.stop - keys.start])
                 mask_bias = ops.MASK_BIAS * (row_keep * mask[None, sub.start : sub.stop] - 1)
-                bias = bias.permute(2, 1, 0)  # [h, j, k]
-                part = ops.cat_partials(
-                    [self._partial(q[i], k[i], v[i], bias, mask_bias[i, None, None, :]) for i in slices],
-                    dim=0,
-                )
+                bias = bias.permute(2, 1, 0).contiguous()  # [h, j, k]: read once per query row i
+                args = [(_rows(q, i), _rows(k, i), _rows(v, i), bias, _rows(mask_bias, i)[:, None, None, :])
+                        for i in slices]  # fmt: skip
+                if layout.single:  # every key in one piece: a plain softmax
+                    outs = [self._attend(*a) for a in args]
+                    return self._post(outs[0] if len(outs) == 1 else torch.cat(outs), g)
+                part = ops.cat_partials([self._partial(*a) for a in args], dim=0)
                 state = part if state is None else ops.merge(state, part)
-        return self._post(state, g)
+        return self._post(ops.finish(state), g)
 
 
 class Transition(nn.Module):
@@ -151,7 +166,7 @@ class AttentionPairBias(nn.Module):
     """Algorithm 24 as the Pairformer uses it (no conditioning, beta = 0): single-track attention
     over all tokens with a per-head bias from LayerNorm(z) and a sigmoid gate."""
 
-    LOCAL_METHODS = ("_pre", "_kv", "_partial", "_post")
+    LOCAL_METHODS = ("_pre", "_kv", "_attend", "_partial", "_post")
 
     def __init__(self, c_s: int, c_z: int, heads: int):
         super().__init__()
@@ -174,11 +189,14 @@ class AttentionPairBias(nn.Module):
         return (self.k(a).unflatten(-1, (self.heads, self.width)),
                 self.v(a).unflatten(-1, (self.heads, self.width)))  # fmt: skip
 
+    def _attend(self, q, k, v, bias, mask_bias) -> torch.Tensor:
+        return ops.attention(q, k, v, bias, mask_bias)
+
     def _partial(self, q, k, v, bias, mask_bias) -> ops.Partial:
         return ops.attention_partial(q, k, v, bias, mask_bias)
 
-    def _post(self, part: ops.Partial, g: torch.Tensor) -> torch.Tensor:
-        o = ops.finish(part).permute(1, 0, 2).flatten(-2)  # [h, i, d] -> [i, h*d]
+    def _post(self, o: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+        o = o.permute(1, 0, 2).flatten(-2)  # [h, i, d] -> [i, h*d]
         return self.out(g * o.to(g.dtype))
 
     def forward(
@@ -189,5 +207,7 @@ class AttentionPairBias(nn.Module):
         a, q, g, bias = self._pre(s, z)
         k, v = self._kv(layout.col_tokens(a, n))
         mask_bias = ops.MASK_BIAS * (mask[cols.start : cols.stop] - 1)
+        if layout.grid.row_group is None:  # one column block: every key is here, a plain softmax
+            return self._post(self._attend(q, k, v, bias, mask_bias), g)
         part = layout.merge_row_group(self._partial(q, k, v, bias, mask_bias))
-        return self._post(part, g)
+        return self._post(ops.finish(part), g)
