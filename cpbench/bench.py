@@ -19,7 +19,7 @@ from cpbench.core import RankContext, Shape, Topology
 from cpbench.inputs import load_features
 from cpbench.measure.budget import apply_budget
 from cpbench.measure.fault import Fault
-from cpbench.measure.point import Budget, PointResult, PointSettings, measure_point
+from cpbench.measure.point import Budget, OutOfMemoryAlone, PointResult, PointSettings, measure_point
 from cpbench.measure.step import StepRunner
 from cpbench.probe.runner import max_fit_row, run_probe, search_config
 from cpbench.probe.state import ProbeState
@@ -111,11 +111,8 @@ class Bench:
     def run(self) -> None:
         settings, ctx = self.settings, self.ctx
         if self.lead:
-            crashed = self.folder.in_flight.close("crashed", "the run died while measuring this point")
-            if crashed:
-                LOG.warning(
-                    "recorded N=%s as crashed: the previous run died measuring it", crashed["N_tokens"]
-                )
+            if again := self.folder.in_flight.resume(settings.launch.max_restarts):
+                LOG.warning("N=%s was in flight when the last run stopped: measured again", again["N_tokens"])
             self.folder.write_metadata(
                 metadata.collect(
                     ctx.device,
@@ -165,8 +162,8 @@ class Bench:
     def probe(self, runner: StepRunner) -> None:
         """The largest N that fits (a max-fit row), then its full walltime measurement."""
         state = ProbeState(self.folder, self.config_hash) if self.lead else None
-        if state is not None and (n := state.close_in_flight()) is not None:
-            LOG.warning("probe: N=%d was in flight when the job died: recorded as crashed (does not fit)", n)
+        if state is not None and (n := state.resume_in_flight(self.settings.launch.max_restarts)) is not None:
+            LOG.warning("probe: N=%d was in flight when the last run stopped: trying it again", n)
         trials = list(_broadcast(state.trials if state else None, self.control))
         # Peaks are absolute (the CPU baseline included): the model's limit is the cap itself.
         budget = self.point_settings.budget
@@ -175,7 +172,7 @@ class Bench:
         one_step = self.point_settings.single_step()
 
         def step_at(shape: Shape) -> PointResult:
-            return measure_point(runner, shape, self.ctx, self.control, one_step)
+            return self._measure_point(runner, shape, one_step)
 
         best, fail = run_probe(search, state, trials, self._probe_shape, step_at)
         shape = self._probe_shape(best.n if best else fail.n)
@@ -192,7 +189,7 @@ class Bench:
         row = self.row(shape, "point")
         if self.lead:
             self.folder.in_flight.start(row.as_dict())
-        result = measure_point(runner, shape, self.ctx, self.control, self.point_settings)
+        result = self._measure_point(runner, shape, self.point_settings)
         if self.lead:
             if result.comm_ops:
                 self.folder.append_comm_ops([{**row.as_dict(), **op} for op in result.comm_ops])
@@ -203,6 +200,16 @@ class Bench:
                 "N=%d atoms=%d S=%d: %s", shape.n_tokens, shape.n_atoms, shape.msa_depth, _summary(result)
             )
         return result
+
+    def _measure_point(self, runner: StepRunner, shape: Shape, settings: PointSettings) -> PointResult:
+        try:
+            return measure_point(runner, shape, self.ctx, self.control, settings)
+        except OutOfMemoryAlone as err:
+            # Only this rank knows the job ends for out of memory (its peers wait in a collective, rank 0
+            # among them, writing nothing): record the point or N in flight as not fitting first.
+            self.folder.in_flight.close("oom", f"rank {self.ctx.rank}: {err}")
+            ProbeState(self.folder).close_oom()
+            raise
 
     def row(self, shape: Shape, kind: str) -> ResultRow:
         """The identity of a point's row: what it is and how it is measured."""

@@ -7,15 +7,24 @@ that died leave a row behind, and what a requeue abandons so the point is measur
 from __future__ import annotations
 
 import datetime as dt
+import fcntl
 import json
-from collections.abc import Mapping, Sequence
+import os
+import socket
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
+from cpbench.core import ConfigError
 from cpbench.results.row import point_key
 from cpbench.results.store import append_rows, read_results, write_atomically
+
+
+class FolderLocked(ConfigError):
+    """Another run holds the folder."""
 
 
 class RunFolder:
@@ -29,6 +38,7 @@ class RunFolder:
     REPORT = "cp_benchmark.md"
     LOGS = "logs"
     SLURM = "slurm"  # submitit's pickles and every task's logs, one folder per job
+    LOCK = ".cpbench.lock"  # held by the process that runs the folder's run; names it
     # Files only a run folder holds; a sweep folder holds run folders (its own results.csv is a merge).
     MARKERS = (RESULTS, RUN, FAILURE, STATE)
 
@@ -98,6 +108,43 @@ class RunFolder:
     def sbatch_script(self) -> Path:
         return self.slurm / "cpbench.sbatch"
 
+    def check_writable(self) -> None:
+        """Fail before anything starts when the folder cannot hold a run (a file, no permission)."""
+        if self.root.exists() and not self.root.is_dir():
+            raise ConfigError(f"output_dir={self.root}: is a file; give a folder")
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            with open(self.root / f".cpbench-write-test-{os.getpid()}", "w") as probe:
+                os.unlink(probe.name)
+        except OSError as err:
+            raise ConfigError(f"output_dir={self.root}: cannot be written ({err.strerror})") from None
+
+    @property
+    def lock_file(self) -> Path:
+        return self.root / self.LOCK
+
+    @contextmanager
+    def lock(self) -> Iterator[None]:
+        """One run per folder: two runs appending to one results.csv lose rows. The lock is an flock,
+        so the kernel drops it when its holder dies, and a later run takes a stale lock file over."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.lock_file, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 200).decode(errors="replace").strip() or "another process"
+            os.close(fd)
+            raise FolderLocked(
+                f"output_dir={self.root}: another run writes there ({holder}); "
+                "wait for it to end, or give this run another output_dir"
+            ) from None
+        try:
+            os.ftruncate(fd, 0)
+            os.write(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode())
+            yield
+        finally:
+            os.close(fd)  # releases the lock
+
     def is_run(self) -> bool:
         return any((self.root / name).exists() for name in self.MARKERS)
 
@@ -165,17 +212,28 @@ class RunFolder:
         return InFlight(self)
 
 
+class RepeatedCrash(RuntimeError):
+    """A point or probe N that kept crashing (killed, a dead peer) with no out-of-memory cause: an
+    error to look into, never a result."""
+
+
 class InFlight:
-    """Names the point being measured, so a run that dies mid-point leaves a row behind."""
+    """Names the point being measured, so that a run that dies mid-point can say which one, and the
+    next run measures it again; how many runs died at it, and whether a signal stopped the last."""
 
     def __init__(self, folder: RunFolder):
         self.folder = folder
 
+    def _state(self) -> dict[str, Any]:
+        return self.folder.read_json(self.folder.state) or {}
+
     def row(self) -> dict[str, Any] | None:
-        return (self.folder.read_json(self.folder.state) or {}).get("in_flight")
+        return self._state().get("in_flight")
 
     def start(self, row: Mapping[str, Any]) -> None:
-        self.folder.write_json(self.folder.state, {"in_flight": dict(row)})
+        state = self._state()
+        same = state.get("in_flight") is not None and _key(state["in_flight"]) == _key(row)
+        self._save(dict(row), state.get("crashes", 0) if same else 0, False)
 
     def finish(self, row: Mapping[str, Any]) -> None:
         """Append the point's row, then clear the in-flight mark."""
@@ -183,7 +241,8 @@ class InFlight:
         self.abandon()
 
     def close(self, status: str, error: str) -> dict | None:
-        """Record a point left in flight by a run that died; return its row, if there was one."""
+        """Record the point in flight with `status` (a rank raised, or ran out of memory alone);
+        return its row, if there was one."""
         row = self.row()
         if row is None:
             return None
@@ -191,7 +250,42 @@ class InFlight:
         self.finish(row)
         return row
 
+    def interrupt(self) -> dict | None:
+        """Mark the point in flight as stopped by a signal: measured again, not counted as a crash."""
+        state = self._state()
+        if state.get("in_flight") is not None:
+            self._save(state["in_flight"], state.get("crashes", 0), True)
+        return state.get("in_flight")
+
+    def interrupted(self) -> bool:
+        return bool(self._state().get("interrupted"))
+
+    def resume(self, max_restarts: int) -> dict | None:
+        """The point in flight when the last run died, which this run measures again. One that has
+        crashed more than `max_restarts` times is recorded as crashed and raises RepeatedCrash."""
+        state = self._state()
+        row = state.get("in_flight")
+        if row is None:
+            return None
+        crashes = state.get("crashes", 0) + (0 if state.get("interrupted") else 1)
+        self._save(row, crashes, False)
+        if crashes > max_restarts:
+            error = f"crashed {crashes} time(s) with no out-of-memory cause"
+            self.close("crashed", error)
+            raise RepeatedCrash(
+                f"N={row['N_tokens']} {error} (launch.max_restarts={max_restarts}); "
+                f"recorded as crashed: see {self.folder.logs}"
+            )
+        return row
+
     def abandon(self) -> None:
-        """Forget the point in flight without a row: it was interrupted, not broken, and is measured
-        again by the next run."""
-        self.folder.write_json(self.folder.state, {"in_flight": None})
+        """Forget the point in flight."""
+        self._save(None, 0, False)
+
+    def _save(self, row: dict | None, crashes: int, interrupted: bool) -> None:
+        state = {"in_flight": row, "crashes": crashes, "interrupted": interrupted}
+        self.folder.write_json(self.folder.state, state)
+
+
+def _key(row: Mapping[str, Any]) -> str:
+    return point_key(row["kind"], row["N_tokens"], row["N_atoms"], row["MSA_depth"])
