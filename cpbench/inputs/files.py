@@ -211,9 +211,7 @@ def _read_npz(file: Path) -> dict[str, np.ndarray]:
     """Every member of an .npz; a file that is no zip, a truncated one or a corrupt member is named
     (and the member) rather than surfacing as numpy's or zipfile's traceback."""
     if not zipfile.is_zipfile(file):
-        raise FeatureError(
-            f"{file}: not an .npz archive (not a zip file, or a truncated one); write it with np.savez"
-        )
+        raise FeatureError(f"{file}: not an .npz archive (not a zip file, or a truncated one)")
     npz = np.load(file, allow_pickle=False)
     arrays = {}
     with npz:
