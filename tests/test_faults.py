@@ -19,10 +19,11 @@ from conftest import FAST, TESTS, TIMING, cpbench, ok, results
 
 # A deterministic edge: rank 1 runs out of memory building any batch of N >= 256 (agreed in-process),
 # so the probe's answer is max fit 192, first failure 256, whatever else happens.
+PROBE = ["topology.cp=2", "sweep.n_tokens=[]", "probe.enabled=true", "probe.start=64", "probe.granularity=64",
+         "probe.measure_at_max=false", "memory.cpu_budget_gib=1", "fault.rank=1", "fault.at_n=256",
+         "fault.where=batch", *TIMING]  # fmt: skip
+# The fold-cp-style test adapter can kill one of its ranks once at a given N (CPBENCH_TEST_KILL_ONCE).
 ADAPTER = ["workload=adapter", "workload.module=adapters.fold_cp_style"]
-PROBE = [*ADAPTER, "topology.cp=2", "sweep.n_tokens=[]", "probe.enabled=true", "probe.start=64",
-         "probe.granularity=64", "probe.measure_at_max=false", "memory.cpu_budget_gib=1", "fault.rank=1",
-         "fault.at_n=256", "fault.where=batch", *TIMING]  # fmt: skip
 
 
 def max_fit(out: Path) -> tuple[int, int]:
@@ -33,11 +34,11 @@ def max_fit(out: Path) -> tuple[int, int]:
 
 def test_a_kill_at_a_fitting_probe_n_is_retried_and_the_answer_is_a_clean_runs(tmp_path):
     clean = tmp_path / "clean"
-    ok(cpbench(*PROBE, f"output_dir={clean}", cwd=tmp_path, timeout=180))
+    ok(cpbench(*ADAPTER, *PROBE, f"output_dir={clean}", cwd=tmp_path, timeout=180))
     assert max_fit(clean) == (192, 256)
     out = tmp_path / "out"
     kill = {"CPBENCH_TEST_KILL_ONCE": f"1:128:{tmp_path / 'killed'}"}
-    proc = ok(cpbench(*PROBE, f"output_dir={out}", cwd=tmp_path, timeout=180, env=kill))
+    proc = ok(cpbench(*ADAPTER, *PROBE, f"output_dir={out}", cwd=tmp_path, timeout=180, env=kill))
     assert (tmp_path / "killed").exists() and "relaunching, the run resumes" in proc.stderr
     assert "probe: N=128 was in flight when the last run stopped: trying it again" in proc.stderr
     assert max_fit(out) == max_fit(clean)
@@ -54,7 +55,8 @@ def test_an_n_that_keeps_crashing_is_an_error_naming_it_never_an_edge(tmp_path):
     proc = cpbench(*args, cwd=tmp_path, timeout=180)
     assert proc.returncode == 1
     assert "probe: N=256 crashed 2 time(s) with no out-of-memory cause" in proc.stderr
-    assert "max-fit" not in set(results(out)["kind"])
+    assert not (out / "results.csv").exists()  # no max-fit row: the N that crashed is no edge
+    assert 256 not in set(pd.read_csv(out / "probe.csv")["N_tokens"])
 
 
 def test_out_of_memory_alone_inside_a_step_does_not_fit(tmp_path):
