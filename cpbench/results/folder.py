@@ -228,7 +228,11 @@ class InFlight:
         return self.folder.read_json(self.folder.state) or {}
 
     def row(self) -> dict[str, Any] | None:
-        return self._state().get("in_flight")
+        """The point in flight, unless its row was written (a run can die between the two writes)."""
+        row = self._state().get("in_flight")
+        if row is None or _key(row) in self.folder.done_keys(row["config_hash"]):
+            return None
+        return row
 
     def start(self, row: Mapping[str, Any]) -> None:
         state = self._state()
@@ -252,19 +256,15 @@ class InFlight:
 
     def interrupt(self) -> dict | None:
         """Mark the point in flight as stopped by a signal: measured again, not counted as a crash."""
-        state = self._state()
-        if state.get("in_flight") is not None:
-            self._save(state["in_flight"], state.get("crashes", 0), True)
-        return state.get("in_flight")
-
-    def interrupted(self) -> bool:
-        return bool(self._state().get("interrupted"))
+        state, row = self._state(), self.row()
+        if row is not None:
+            self._save(row, state.get("crashes", 0), True)
+        return row
 
     def resume(self, max_restarts: int) -> dict | None:
         """The point in flight when the last run died, which this run measures again. One that has
         crashed more than `max_restarts` times is recorded as crashed and raises RepeatedCrash."""
-        state = self._state()
-        row = state.get("in_flight")
+        state, row = self._state(), self.row()
         if row is None:
             return None
         crashes = state.get("crashes", 0) + (0 if state.get("interrupted") else 1)
