@@ -113,16 +113,23 @@ class Bench:
         if self.lead:
             if again := self.folder.in_flight.resume(settings.launch.max_restarts):
                 LOG.warning("N=%s was in flight when the last run stopped: measured again", again["N_tokens"])
-            self.folder.write_metadata(
-                metadata.collect(
-                    ctx.device,
-                    pick_backend(settings.dist.backend),
-                    ctx.topology,
-                    ctx.world_size,
-                    int(os.environ.get("LOCAL_WORLD_SIZE", ctx.world_size)),
-                    self.config_hash,
-                )
+            meta = metadata.collect(
+                ctx.device,
+                pick_backend(settings.dist.backend),
+                ctx.topology,
+                ctx.world_size,
+                int(os.environ.get("LOCAL_WORLD_SIZE", ctx.world_size)),
+                self.config_hash,
             )
+            budget = self.point_settings.budget
+            meta.update(seed=settings.seed, budget_gib=budget and budget.gib)
+            meta.update(baseline_gib=budget and budget.baseline_gib)
+            self.folder.write_metadata(meta)
+            if meta["ranks_per_device"] > 1:
+                LOG.warning(
+                    "oversubscribed: %s; walltimes and the comm share are not meaningful",
+                    meta["oversubscribed"].removeprefix("yes ").strip("()"),
+                )
         model = self.workload.build_model(ctx)
         optim = settings.optim
         runner = StepRunner(self.workload, model, self.train, ctx, optim.lr, optim.weight_decay)
@@ -221,6 +228,8 @@ class Bench:
             MSA_depth=shape.msa_depth, dtype=settings.dtype.value, kind=kind,
             warmup=settings.timing.warmup, repeats=settings.timing.repeats, seed=settings.seed,
             config_hash=self.config_hash, extra=dict(columns(self.train)) if callable(columns) else {},
+            budget_gib=budget.gib if (budget := self.point_settings.budget) else None,
+            baseline_gib=budget.baseline_gib if budget else None,
         )  # fmt: skip
 
 

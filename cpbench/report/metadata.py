@@ -54,6 +54,8 @@ def collect(
     on_cuda = device.type == "cuda"
     devices = torch.cuda.device_count() if on_cuda else 1
     shared = local_world > devices
+    # On CPU the ranks share the cores: more ranks than cores oversubscribes them.
+    units, unit = (devices, "GPU") if on_cuda else (os.cpu_count() or 1, "CPU core")
     return {
         "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"),
         "host": socket.gethostname(),
@@ -70,6 +72,8 @@ def collect(
         # Locked clocks cannot be read without vendor tools; say so rather than guess.
         "clocks_locked": "unknown" if on_cuda else "n/a (CPU)",
         "devices_shared": f"yes ({local_world} ranks on {devices} device(s))" if shared else "no",
+        "ranks_per_device": round(local_world / units, 2),
+        "oversubscribed": f"yes ({local_world} ranks on {units} {unit}(s))" if local_world > units else "no",
         "config_hash": config_digest,
         "commit": project_commit(),
     }
