@@ -245,8 +245,11 @@ def app(cfg: DictConfig) -> None:
     # A multirun: this job writes to its own folder, and its failure is recorded there instead of
     # ending the sweep; the end of the sweep lists it (cpbench.callbacks.MergeSweep).
     cfg.output_dir = str(job_dir)
+    # submitit_local starts every job of a sweep at once, on the same cores: each waits its turn.
+    local_job = os.environ.get("SUBMITIT_EXECUTOR") == "local" and os.environ.get("RANK", "0") == "0"
     try:
-        code = run(cfg, in_sweep=True)
+        with RunFolder(job_dir.parent).turn() if local_job else contextlib.nullcontext():
+            code = run(cfg, in_sweep=True)
         if code >= 128:  # interrupted: the sweep stops too
             raise SystemExit(code)
     except Exception as err:  # a rank of this process raised: record it like any failed job

@@ -221,3 +221,14 @@ def test_an_output_dir_that_is_a_file_or_cannot_be_written_is_one_line_and_exit_
 def test_hydras_own_config_errors_exit_2(tmp_path):
     proc = cpbench("topology.cpp=2", f"output_dir={tmp_path / 'out'}", cwd=tmp_path, timeout=60)
     assert proc.returncode == 2 and "topology.cpp" in proc.stderr
+
+
+def test_a_submitit_local_sweep_runs_its_jobs_one_after_another(tmp_path):
+    out = tmp_path / "sweep"
+    ok(cpbench("-m", "hydra/launcher=submitit_local", "topology.cp=1,2", "sweep.n_tokens=[16]", *FAST,
+               f"output_dir={out}", cwd=tmp_path, timeout=300))  # fmt: skip
+    # A job writes run.json as it starts and results.csv as it ends: the two spans do not overlap.
+    spans = sorted(
+        ((job / "run.json").stat().st_mtime, (job / "results.csv").stat().st_mtime) for job in out.glob("*_cp*")
+    )
+    assert len(spans) == 2 and spans[0][1] <= spans[1][0], spans

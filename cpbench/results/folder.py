@@ -145,6 +145,15 @@ class RunFolder:
         finally:
             os.close(fd)  # releases the lock
 
+    @contextmanager
+    def turn(self) -> Iterator[None]:
+        """Wait for the folder's turn lock, then hold it: jobs of a sweep sharing one machine run one
+        after another, not timing each other."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        with open(self.root / ".cpbench-turn.lock", "w") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            yield
+
     def is_run(self) -> bool:
         return any((self.root / name).exists() for name in self.MARKERS)
 
