@@ -228,7 +228,6 @@ def test_a_submitit_local_sweep_runs_its_jobs_one_after_another(tmp_path):
     ok(cpbench("-m", "hydra/launcher=submitit_local", "topology.cp=1,2", "sweep.n_tokens=[16]", *FAST,
                f"output_dir={out}", cwd=tmp_path, timeout=300))  # fmt: skip
     # A job writes run.json as it starts and results.csv as it ends: the two spans do not overlap.
-    spans = sorted(
-        ((job / "run.json").stat().st_mtime, (job / "results.csv").stat().st_mtime) for job in out.glob("*_cp*")
-    )
+    jobs = list(out.glob("*_cp*"))
+    spans = sorted(((j / "run.json").stat().st_mtime, (j / "results.csv").stat().st_mtime) for j in jobs)
     assert len(spans) == 2 and spans[0][1] <= spans[1][0], spans
