@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import os
 from dataclasses import dataclass
 from datetime import timedelta
@@ -107,8 +108,13 @@ class Bench:
             agree_wait_s=settings.dist.agree_timeout_s,
         )
         self.done: set[str] = set()
+        self.heartbeat = logs.Heartbeat(settings.log.heartbeat_s if self.lead else None)
 
     def run(self) -> None:
+        with self.heartbeat:
+            self._run()
+
+    def _run(self) -> None:
         settings, ctx = self.settings, self.ctx
         if self.lead:
             if again := self.folder.in_flight.resume(settings.launch.max_restarts):
@@ -178,7 +184,10 @@ class Bench:
         search = search_config(self.settings.probe, self.ctx.topology, limit)
         one_step = self.point_settings.single_step()
 
+        steps = itertools.count(len(trials) + 1)
+
         def step_at(shape: Shape) -> PointResult:
+            self.heartbeat.now(f"probe step {next(steps)}: N={shape.n_tokens}")
             return self._measure_point(runner, shape, one_step)
 
         best, fail = run_probe(search, state, trials, self._probe_shape, step_at)
@@ -196,7 +205,9 @@ class Bench:
         row = self.row(shape, "point")
         if self.lead:
             self.folder.in_flight.start(row.as_dict())
-        result = self._measure_point(runner, shape, self.point_settings)
+        ps = self.point_settings
+        self.heartbeat.now(f"N={shape.n_tokens}: {ps.warmup} warm-up and {ps.repeats} timed step(s)")
+        result = self._measure_point(runner, shape, ps)
         if self.lead:
             if result.comm_ops:
                 self.folder.append_comm_ops([{**row.as_dict(), **op} for op in result.comm_ops])
