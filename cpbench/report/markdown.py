@@ -301,7 +301,7 @@ def _budget_sentence(meta: dict[str, Any]) -> list[str]:
 def _oversubscribed(meta: dict[str, Any]) -> str:
     if str(meta.get("oversubscribed", "no")).startswith("yes"):
         return (
-            f" Oversubscribed, {meta['oversubscribed'].removeprefix('yes ')}: walltimes and the share of "
+            f" Oversubscribed {meta['oversubscribed'].removeprefix('yes ')}: walltimes and the share of "
             "time in collectives are not meaningful."
         )
     return ""
