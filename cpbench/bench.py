@@ -134,7 +134,7 @@ class Bench:
             if meta["ranks_per_device"] > 1:
                 LOG.warning(
                     "oversubscribed: %s; walltimes and the comm share are not meaningful",
-                    meta["oversubscribed"].removeprefix("yes ").strip("()"),
+                    meta["oversubscribed"].removeprefix("yes (").removesuffix(")"),
                 )
         model = self.workload.build_model(ctx)
         optim = settings.optim

@@ -231,3 +231,14 @@ def test_a_submitit_local_sweep_runs_its_jobs_one_after_another(tmp_path):
     jobs = list(out.glob("*_cp*"))
     spans = sorted(((j / "run.json").stat().st_mtime, (j / "results.csv").stat().st_mtime) for j in jobs)
     assert len(spans) == 2 and spans[0][1] <= spans[1][0], spans
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) > 3, reason="needs more ranks than this machine's cores")
+def test_more_ranks_than_cores_is_warned_and_recorded(tmp_path):
+    out, cp = tmp_path / "out", (os.cpu_count() or 1) + 1
+    proc = ok(cpbench(f"topology.cp={cp}", f"sweep.n_tokens=[{12 * cp}]", *FAST, f"output_dir={out}",
+                      cwd=tmp_path, timeout=180))  # fmt: skip
+    assert f"oversubscribed: {cp} ranks on {cp - 1} CPU core(s)" in proc.stderr
+    meta = json.loads((out / "run.json").read_text())
+    assert meta["ranks_per_device"] == round(cp / (cp - 1), 2) and meta["oversubscribed"].startswith("yes")
+    assert "the share of time in collectives are not meaningful" in (out / "cp_benchmark.md").read_text()
