@@ -170,6 +170,8 @@ class Bench:
         if settings.probe.enabled:
             self.probe(runner)
         if self.lead:
+            # When it ended, so that a merge can tell runs that overlapped on one host.
+            self.folder.write_metadata({**self.folder.read_metadata(), "finished": metadata.now()})
             LOG.info("report: %s", write_report(self.folder.root))
 
     def probe(self, runner: StepRunner) -> None:

@@ -38,3 +38,30 @@ def test_rows_of_two_configs_are_never_mixed_and_the_budget_and_noise_are_said(t
     assert "Oversubscribed (4 ranks on 2 CPU core(s)): walltimes and the share of time" in second
     assert "| seed | 1 |" in text and "| config hash | bbb222 |" in text
     assert "Memory cap: 1 GiB per rank on top of the 0.270 GiB" in text and "under 1.270 GiB" in text
+
+
+def test_a_merge_flags_runs_that_overlapped_on_one_host(tmp_path):
+    from cpbench.report.merge import merge
+
+    spans = {
+        "0_cp1": ("00:00:00", "00:01:00"),
+        "1_cp2": ("00:00:30", "00:02:00"),
+        "2_cp4": ("00:03:00", "00:04:00"),
+    }
+    for name, (start, end) in spans.items():
+        folder = RunFolder(tmp_path / "sweep" / name)
+        cp = int(name.split("cp")[1])
+        folder.write_metadata(
+            {
+                "host": "box",
+                "cp": cp,
+                "topology": "1d",
+                "config_hash": f"h{cp}",
+                "date": f"2026-01-01 {start} UTC",
+                "finished": f"2026-01-01 {end} UTC",
+            }
+        )
+        folder.append_results([{**_row(64, f"h{cp}", 0, 10.0, 0.5), "cp": cp}])  # fmt: skip
+    text = merge([tmp_path / "sweep"]).report.read_text()
+    assert "`0_cp1` and `1_cp2` ran at the same time on box: their walltimes do not compare." in text
+    assert "`2_cp4` ran at the same time" not in text and "and `2_cp4` ran" not in text

@@ -37,6 +37,10 @@ def config_hash(resolved_yaml: str) -> str:
     return hashlib.sha256(resolved_yaml.encode()).hexdigest()[:12]
 
 
+def now() -> str:
+    return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
 def _device_model(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
@@ -57,7 +61,7 @@ def collect(
     # On CPU the ranks share the cores: more ranks than cores oversubscribes them.
     units, unit = (devices, "GPU") if on_cuda else (os.cpu_count() or 1, "CPU core")
     return {
-        "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"),
+        "date": now(),
         "host": socket.gethostname(),
         "device": _device_model(device),
         "device_count": devices,
