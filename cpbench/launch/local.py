@@ -103,7 +103,13 @@ def _launch_once(spec: RunSpec, nprocs: int) -> None:
         logs_specs=DefaultLogsSpecs(log_dir=str(log_dir)),
     )
     # The agent logs each failure at length; cpbench reports it in one message instead.
-    for name in ("torch.distributed.elastic", "torch.multiprocessing"):
+    # Some of its loggers set their own level (e.g. the agent's "Received 2 death signal" warning).
+    names = [
+        n
+        for n in logging.root.manager.loggerDict
+        if n.startswith(("torch.distributed.elastic", "torch.multiprocessing"))
+    ]
+    for name in ("torch.distributed.elastic", "torch.multiprocessing", *names):
         logging.getLogger(name).setLevel(logging.CRITICAL)
     # torch's spawn leaves an error file per failed rank in the temporary folder: keep them in the logs.
     tempdir, tempfile.tempdir = tempfile.tempdir, str(log_dir)
