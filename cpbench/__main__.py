@@ -246,10 +246,8 @@ def app(cfg: DictConfig) -> None:
     # A multirun: this job writes to its own folder, and its failure is recorded there instead of
     # ending the sweep; the end of the sweep lists it (cpbench.callbacks.MergeSweep).
     cfg.output_dir = str(job_dir)
-    # submitit_local starts every job of a sweep at once, on the same cores: each waits its turn.
-    local_job = os.environ.get("SUBMITIT_EXECUTOR") == "local" and os.environ.get("RANK", "0") == "0"
     try:
-        with RunFolder(job_dir.parent).turn() if local_job else contextlib.nullcontext():
+        with _local_turn(job_dir):
             code = run(cfg, in_sweep=True)
         if code >= 128:  # interrupted: the sweep stops too
             raise SystemExit(code)
@@ -261,6 +259,18 @@ def app(cfg: DictConfig) -> None:
         else:
             folder.record_failure(1, error, detail, first=True, cp=cp)
         print(f"cpbench: job failed: {error}", file=sys.stderr)
+
+
+def _local_turn(job_dir: Path) -> contextlib.AbstractContextManager:
+    """submitit_local starts every job of a sweep at once, on the same cores: each job (its first task:
+    a job's tasks may be its ranks, which must start together) waits its turn on the sweep folder."""
+    if os.environ.get("SUBMITIT_EXECUTOR") != "local":
+        return contextlib.nullcontext()
+    import submitit
+
+    if submitit.JobEnvironment().global_rank != 0:
+        return contextlib.nullcontext()
+    return RunFolder(job_dir.parent).turn()
 
 
 def main() -> None:
