@@ -192,6 +192,8 @@ def _interrupted(folder: RunFolder, cp: int, stop: BaseException) -> int:
     not counted as a crash), the report written from the rows so far, failure.json; one line."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C does not cut the closing short
     signum = getattr(stop, "signum", None) or getattr(stop, "sigval", None) or signal.SIGINT
+    if os.environ.get("RANK", "0") != "0":  # under torchrun: rank 0 closes the run
+        return 128 + signum
     where = _in_flight(folder)
     folder.in_flight.interrupt()
     ProbeState(folder).interrupt()
