@@ -21,6 +21,7 @@ from omegaconf import DictConfig
 from torch.distributed.elastic.multiprocessing.api import SignalException
 
 from cpbench.bench import RunSpec, run_rank
+from cpbench.callbacks import CheckOutputDir
 from cpbench.core import ConfigError
 from cpbench.launch import slurm
 from cpbench.launch.local import RankFailure, launch_local
@@ -233,12 +234,8 @@ def _sweep_job_dir() -> Path | None:
     return Path(hydra_cfg.runtime.output_dir) if hydra_cfg.mode == RunMode.MULTIRUN else None
 
 
-_STARTED: list[bool] = []  # set once Hydra hands a composed config to the app
-
-
 @hydra.main(version_base="1.3", config_path="pkg://cpbench.configs", config_name="config")
 def app(cfg: DictConfig) -> None:
-    _STARTED.append(True)
     job_dir = _sweep_job_dir()
     if job_dir is None:
         code = run(cfg)
@@ -280,7 +277,7 @@ def main() -> None:
         app()
     except SystemExit as done:
         # Hydra exits 1 for its own config errors (an unknown key, a bad override): a bad input, as ours.
-        if done.code == 1 and not _STARTED:
+        if done.code == 1 and not CheckOutputDir.composed:
             raise SystemExit(2) from None
         raise
 

@@ -12,12 +12,17 @@ from omegaconf import DictConfig
 
 class CheckOutputDir(Callback):
     """Before Hydra makes the run's folder: one that cannot be written is a bad input (exit 2), not
-    Hydra's traceback."""
+    Hydra's traceback. Its call also tells that Hydra composed the config (`composed`): an exit before
+    that is Hydra rejecting the config or an override."""
+
+    composed = False
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        CheckOutputDir.composed = True
         self._check(str(config.output_dir))
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        CheckOutputDir.composed = True
         self._check(str(config.hydra.sweep.dir))
 
     @staticmethod
