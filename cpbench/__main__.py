@@ -4,9 +4,12 @@ In a multirun each job writes to its own folder and a failed job does not stop t
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import sys
 import traceback
+from collections.abc import Iterator
 from pathlib import Path
 
 import hydra
@@ -15,13 +18,16 @@ from hydra.errors import InstantiationException
 from hydra.types import RunMode
 from hydra.utils import instantiate
 from omegaconf import DictConfig
+from torch.distributed.elastic.multiprocessing.api import SignalException
 
 from cpbench.bench import RunSpec, run_rank
+from cpbench.callbacks import CheckOutputDir
 from cpbench.core import ConfigError
 from cpbench.launch import slurm
 from cpbench.launch.local import RankFailure, launch_local
 from cpbench.launch.outcome import close_failed
-from cpbench.results.folder import RunFolder
+from cpbench.probe.state import ProbeState
+from cpbench.results.folder import FolderLocked, RunFolder
 from cpbench.runtime.rank import pick_backend
 from cpbench.settings.schema import BenchConfig, register
 from cpbench.settings.validate import to_settings, validate
@@ -116,24 +122,90 @@ def run(cfg: DictConfig, in_sweep: bool = False) -> int:
         elif folder.root.is_dir() and not any(folder.root.iterdir()):
             folder.root.rmdir()  # Hydra made it for this run; a rejected run leaves nothing
         return 2
-    folder.clear_failure()
-    spec = RunSpec(settings=settings, output_dir=str(folder.root))
-    if settings.slurm.enabled:
-        return _submit(spec, topology.cp, in_sweep)
-    if _under_torchrun() or (topology.cp == 1 and not in_sweep):
+    # One run per folder: the process that launches the ranks (or, under torchrun, rank 0) holds it.
+    holds_lock = os.environ.get("RANK", "0") == "0"
+    try:
+        with folder.lock() if holds_lock else contextlib.nullcontext():
+            folder.clear_failure()
+            spec = RunSpec(settings=settings, output_dir=str(folder.root))
+            with _signals_end_the_run():
+                return _run(spec, workload, topology.cp, in_sweep)
+    except FolderLocked as err:
+        print(f"cpbench: error: {err}", file=sys.stderr)
+        return 2
+    except (KeyboardInterrupt, Interrupted, SignalException) as stop:
+        return _interrupted(folder, topology.cp, stop)
+
+
+def _run(spec: RunSpec, workload: Workload, cp: int, in_sweep: bool) -> int:
+    folder = RunFolder(spec.output_dir)
+    if spec.settings.slurm.enabled:
+        return _submit(spec, cp, in_sweep)
+    if _under_torchrun() or (cp == 1 and not in_sweep):
         run_rank(spec, workload)
         return 0
     try:
-        launch_local(spec, topology.cp, settings.launch.max_restarts)
+        launch_local(spec, cp, spec.settings.launch.max_restarts)
     except RankFailure as failure:
         status = "crashed" if failure.crashed else "error"
-        close_failed(folder, topology.cp, status, str(failure), 1, failure.traceback)
+        close_failed(folder, cp, status, str(failure), 1, failure.traceback)
         print(f"cpbench: {failure}", file=sys.stderr)
         if failure.traceback:
             print(failure.traceback, file=sys.stderr)
+        if failure.crashed and (where := _in_flight(folder)):
+            print(f"cpbench: {where} was in flight: the next run tries it again", file=sys.stderr)
         print(f"cpbench: rows measured so far are in {folder.results}", file=sys.stderr)
         return 1
     return 0
+
+
+class Interrupted(BaseException):
+    """SIGTERM, raised in the main thread like SIGINT's KeyboardInterrupt, so the run can close."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _raise_interrupted(signum: int, frame: object) -> None:
+    raise Interrupted(signum)
+
+
+@contextlib.contextmanager
+def _signals_end_the_run() -> Iterator[None]:
+    """SIGTERM (a scheduler's preemption, `kill`) ends the run as Ctrl-C does. While ranks run,
+    torch's elastic agent has its own handlers (SignalException); it stops the ranks first."""
+    previous = signal.signal(signal.SIGTERM, _raise_interrupted)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _in_flight(folder: RunFolder) -> str | None:
+    """The point or probe N being measured, as a person reads it."""
+    if row := folder.in_flight.row():
+        return f"N={row['N_tokens']}"
+    if (n := ProbeState(folder).in_flight) is not None:
+        return f"probe N={n}"
+    return None
+
+
+def _interrupted(folder: RunFolder, cp: int, stop: BaseException) -> int:
+    """Close an interrupted run: its point in flight marked `interrupted` (measured again on resume,
+    not counted as a crash), the report written from the rows so far, failure.json; one line."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C does not cut the closing short
+    signum = getattr(stop, "signum", None) or getattr(stop, "sigval", None) or signal.SIGINT
+    if os.environ.get("RANK", "0") != "0":  # under torchrun: rank 0 closes the run
+        return 128 + signum
+    where = _in_flight(folder)
+    folder.in_flight.interrupt()
+    ProbeState(folder).interrupt()
+    where = where or ("between points" if folder.results.exists() else "start-up")
+    line = f"interrupted at {where}; run the same command to resume"
+    close_failed(folder, cp, "interrupted", line, 128 + signum)
+    print(f"cpbench: {line}", file=sys.stderr)
+    return 128 + signum
 
 
 def _submit(spec: RunSpec, cp: int, in_sweep: bool) -> int:
@@ -177,7 +249,10 @@ def app(cfg: DictConfig) -> None:
     # ending the sweep; the end of the sweep lists it (cpbench.callbacks.MergeSweep).
     cfg.output_dir = str(job_dir)
     try:
-        run(cfg, in_sweep=True)
+        with _local_turn(job_dir):
+            code = run(cfg, in_sweep=True)
+        if code >= 128:  # interrupted: the sweep stops too
+            raise SystemExit(code)
     except Exception as err:  # a rank of this process raised: record it like any failed job
         error = f"{type(err).__name__}: {err}".strip().splitlines()[0]
         folder, detail, cp = RunFolder(job_dir), traceback.format_exc(limit=-4), cfg.topology.cp
@@ -188,8 +263,26 @@ def app(cfg: DictConfig) -> None:
         print(f"cpbench: job failed: {error}", file=sys.stderr)
 
 
+def _local_turn(job_dir: Path) -> contextlib.AbstractContextManager:
+    """submitit_local starts every job of a sweep at once, on the same cores: each job (its first task:
+    a job's tasks may be its ranks, which must start together) waits its turn on the sweep folder."""
+    if os.environ.get("SUBMITIT_EXECUTOR") != "local":
+        return contextlib.nullcontext()
+    import submitit
+
+    if submitit.JobEnvironment().global_rank != 0:
+        return contextlib.nullcontext()
+    return RunFolder(job_dir.parent).turn()
+
+
 def main() -> None:
-    app()
+    try:
+        app()
+    except SystemExit as done:
+        # Hydra exits 1 for its own config errors (an unknown key, a bad override): a bad input, as ours.
+        if done.code == 1 and not CheckOutputDir.composed:
+            raise SystemExit(2) from None
+        raise
 
 
 if __name__ == "__main__":

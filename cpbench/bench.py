@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 import os
 from dataclasses import dataclass
@@ -120,27 +121,34 @@ class Bench:
         )
         self.runner: StepRunner | None = None
         self.done: set[str] = set()
+        self.heartbeat = logs.Heartbeat(settings.log.heartbeat_s if self.lead else None)
 
     def run(self) -> None:
+        with self.heartbeat:
+            self._run()
+
+    def _run(self) -> None:
         settings, ctx = self.settings, self.ctx
         if self.lead:
-            flight = self.folder.in_flight
-            n = (flight.row() or {}).get("N_tokens")
-            if (oom := self.folder.take_oom_alone("point", n)) is not None:
-                flight.close("oom", oom)
-                LOG.warning("recorded N=%s as oom: a rank ran out of memory alone (%s)", n, oom)
-            elif flight.close("crashed", "the run died while measuring this point"):
-                LOG.warning("recorded N=%s as crashed: the previous run died measuring it", n)
-            self.folder.write_metadata(
-                metadata.collect(
-                    ctx.device,
-                    pick_backend(settings.dist.backend),
-                    ctx.topology,
-                    ctx.world_size,
-                    int(os.environ.get("LOCAL_WORLD_SIZE", ctx.world_size)),
-                    self.config_hash,
-                )
+            if again := self.folder.in_flight.resume(settings.launch.max_restarts):
+                LOG.warning("N=%s was in flight when the last run stopped: measured again", again["N_tokens"])
+            meta = metadata.collect(
+                ctx.device,
+                pick_backend(settings.dist.backend),
+                ctx.topology,
+                ctx.world_size,
+                int(os.environ.get("LOCAL_WORLD_SIZE", ctx.world_size)),
+                self.config_hash,
             )
+            budget = self.point_settings.budget
+            meta.update(seed=settings.seed, budget_gib=budget and budget.gib)
+            meta.update(baseline_gib=budget and budget.baseline_gib)
+            self.folder.write_metadata(meta)
+            if meta["ranks_per_device"] > 1:
+                LOG.warning(
+                    "oversubscribed: %s; walltimes and the comm share are not meaningful",
+                    meta["oversubscribed"].removeprefix("yes (").removesuffix(")"),
+                )
         self.runner = self._build_runner()
         self.done = _broadcast(self.folder.done_keys(self.config_hash) if self.lead else None, self.control)
         if settings.data.path:
@@ -173,6 +181,8 @@ class Bench:
         if settings.probe.enabled:
             self.probe()
         if self.lead:
+            # When it ended, so that a merge can tell runs that overlapped on one host.
+            self.folder.write_metadata({**self.folder.read_metadata(), "finished": metadata.now()})
             LOG.info("report: %s", write_report(self.folder.root))
 
     def _build_runner(self) -> StepRunner:
@@ -182,13 +192,16 @@ class Bench:
         optim = self.settings.optim
         return StepRunner(self.workload, model, self.train, self.ctx, optim.lr, optim.weight_decay)
 
-    def _measure(self, shape: Shape, settings: PointSettings, kind: str) -> PointResult:
+    def _measure(self, shape: Shape, settings: PointSettings) -> PointResult:
         """One point or probe step. After running out of memory the model is built afresh: a step
         that failed midway can leave the model's own communication state mid-flight."""
         try:
             result = measure_point(self.runner, shape, self.ctx, self.control, settings)
         except OutOfMemoryAlone as err:
-            self.folder.record_oom_alone(kind, shape.n_tokens, self.ctx.rank, str(err))
+            # Only this rank knows the job ends for out of memory (its peers wait in a collective, rank 0
+            # among them, writing nothing): record the point or N in flight as not fitting first.
+            self.folder.in_flight.close("oom", f"rank {self.ctx.rank}: {err}")
+            ProbeState(self.folder).close_oom()
             raise
         if result.status == "oom":
             self.runner = None
@@ -200,14 +213,8 @@ class Bench:
         """The largest N that fits (a max-fit row), then its full walltime measurement. If that
         measurement runs out of memory, the N does not fit after all and the search goes on below it."""
         state = ProbeState(self.folder, self.config_hash) if self.lead else None
-        if state is not None and state.in_flight is not None:
-            n = state.in_flight
-            if (oom := self.folder.take_oom_alone("probe", n)) is not None:
-                state.finish(Trial(n=n, fits=False, status="oom"))
-                LOG.warning("probe: N=%d: a rank ran out of memory alone (%s): does not fit", n, oom)
-            else:
-                state.close_in_flight()
-                LOG.warning("probe: N=%d was in flight when the job died: recorded as crashed", n)
+        if state is not None and (n := state.resume_in_flight(self.settings.launch.max_restarts)) is not None:
+            LOG.warning("probe: N=%d was in flight when the last run stopped: trying it again", n)
         trials = list(_broadcast(state.trials if state else None, self.control))
         # Peaks are absolute (the CPU baseline included): the model's limit is the cap itself.
         budget = self.point_settings.budget
@@ -215,8 +222,11 @@ class Bench:
         search = search_config(self.settings.probe, self.ctx.topology, limit)
         one_step = self.point_settings.single_step()
 
+        steps = itertools.count(len(trials) + 1)
+
         def step_at(shape: Shape) -> PointResult:
-            return self._measure(shape, one_step, "probe")
+            self.heartbeat.now(f"probe step {next(steps)}: N={shape.n_tokens}")
+            return self._measure(shape, one_step)
 
         while True:
             best, fail = run_probe(search, state, trials, self._probe_shape, step_at)
@@ -243,7 +253,9 @@ class Bench:
         row = self.row(shape, "point")
         if self.lead:
             self.folder.in_flight.start(row.as_dict())
-        result = self._measure(shape, self.point_settings, "point")
+        ps = self.point_settings
+        self.heartbeat.now(f"N={shape.n_tokens}: {ps.warmup} warm-up and {ps.repeats} timed step(s)")
+        result = self._measure(shape, ps)
         if self.lead:
             if result.comm_ops:
                 self.folder.append_comm_ops([{**row.as_dict(), **op} for op in result.comm_ops])
@@ -265,6 +277,8 @@ class Bench:
             MSA_depth=shape.msa_depth, dtype=settings.dtype.value, kind=kind,
             warmup=settings.timing.warmup, repeats=settings.timing.repeats, seed=settings.seed,
             config_hash=self.config_hash, extra=dict(columns(self.train)) if callable(columns) else {},
+            budget_gib=budget.gib if (budget := self.point_settings.budget) else None,
+            baseline_gib=budget.baseline_gib if budget else None,
         )  # fmt: skip
 
 

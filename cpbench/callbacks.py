@@ -10,6 +10,33 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 
+class CheckOutputDir(Callback):
+    """Before Hydra makes the run's folder: one that cannot be written is a bad input (exit 2), not
+    Hydra's traceback. Its call also tells that Hydra composed the config (`composed`): an exit before
+    that is Hydra rejecting the config or an override."""
+
+    composed = False
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        CheckOutputDir.composed = True
+        self._check(str(config.output_dir))
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        CheckOutputDir.composed = True
+        self._check(str(config.hydra.sweep.dir))
+
+    @staticmethod
+    def _check(path: str) -> None:
+        from cpbench.core import ConfigError
+        from cpbench.results.folder import RunFolder
+
+        try:
+            RunFolder(Path(path).resolve()).check_writable()
+        except ConfigError as err:
+            print(f"cpbench: error: {err}", file=sys.stderr)
+            raise SystemExit(2) from None
+
+
 class MergeSweep(Callback):
     """At the end of a multirun: wait for the SLURM jobs it left running, then merge every job folder
     of the sweep into one results.csv and cp_benchmark.md (with plots) at the sweep folder's root.

@@ -268,4 +268,4 @@ def test_hydra_slurm_launcher_config_runs_one_task_per_job(tmp_path):
     assert (launcher.nodes, launcher.tasks_per_node, launcher.gpus_per_node) == (1, 1, 8)
     assert launcher.max_num_timeout == 3 and launcher.partition == "gpu"
     assert launcher.submitit_folder == f"{tmp_path}/.submitit/%j"
-    assert list(cfg.hydra.callbacks) == ["merge_sweep"]
+    assert list(cfg.hydra.callbacks) == ["check_output_dir", "merge_sweep"]

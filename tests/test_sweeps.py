@@ -150,13 +150,13 @@ def test_a_killed_sweep_resumes_without_measuring_anything_twice(tmp_path):
     proc = ok(cpbench(*args, cwd=tmp_path, env=path))
     assert (out / "0_cp1" / "results.csv").read_text() == first["0_cp1"]  # nothing measured again
     assert "cp=1: 0 point(s) to measure" in proc.stderr
-    assert "recorded N=32 as crashed" in proc.stderr  # the point that killed the job is not retried
-    assert _job_rows(out, "1_cp2") == [(16, "ok"), (32, "crashed"), (48, "ok")]
+    assert "N=32 was in flight when the last run stopped: measured again" in proc.stderr  # a kill, not OOM
+    assert _job_rows(out, "1_cp2") == [(16, "ok"), (32, "ok"), (48, "ok")]
     assert (out / "1_cp2" / "results.csv").read_text().startswith(first["1_cp2"])
     merged = results(out)
     assert len(merged) == 6 and list(merged["run"]).count("1_cp2") == 3
     text = (out / "cp_benchmark.md").read_text()
-    assert "| 1_cp2 | 1d | 2 | 3 | 2 | ok |" in text and "N=32 cp=2 crashed" in text
+    assert "| 1_cp2 | 1d | 2 | 3 | 3 | ok |" in text and "crashed" not in text
 
 
 def test_submitit_tasks_are_the_ranks_when_a_job_has_cp_tasks(tmp_path):

@@ -4,6 +4,7 @@ the same layout as synthesized inputs."""
 
 from __future__ import annotations
 
+import zipfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -201,16 +202,39 @@ def validate_features(raw: Mapping[str, Any], path: str | None = None) -> FoldFe
     return FoldFeatures(arrays=kept, path=path)
 
 
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {text[0]}" if text else type(err).__name__
+
+
+def _read_npz(file: Path) -> dict[str, np.ndarray]:
+    """Every member of an .npz; a file that is no zip, a truncated one or a corrupt member is named
+    (and the member) rather than surfacing as numpy's or zipfile's traceback."""
+    if not zipfile.is_zipfile(file):
+        raise FeatureError(f"{file}: not an .npz archive (not a zip file, or a truncated one)")
+    npz = np.load(file, allow_pickle=False)
+    arrays = {}
+    with npz:
+        for name in npz.files:
+            try:
+                arrays[name] = npz[name]
+            except Exception as err:
+                raise FeatureError(f"{file}: member '{name}' cannot be read ({_first_line(err)})") from None
+    return arrays
+
+
 def load_features(path: str) -> FoldFeatures:
     """A feature file (.npz, or a torch file of a dict of tensors) checked against the contract."""
     file = Path(path)
     if not file.is_file():
         raise FeatureError(f"data.path={path}: no such file")
     if file.suffix == ".npz":
-        with np.load(file, allow_pickle=False) as npz:
-            raw: Mapping[str, Any] = {name: npz[name] for name in npz.files}
+        raw: Mapping[str, Any] = _read_npz(file)
     elif file.suffix in TORCH_SUFFIXES:
-        raw = torch.load(file, map_location="cpu", weights_only=True)
+        try:
+            raw = torch.load(file, map_location="cpu", weights_only=True)
+        except Exception as err:  # torch raises many kinds (IndexError, RuntimeError, UnpicklingError...)
+            raise FeatureError(f"{path}: not a readable torch file ({_first_line(err)})") from None
         if not isinstance(raw, Mapping):
             raise FeatureError(
                 f"{path}: a torch feature file must hold a dict of tensors, got {type(raw).__name__}"

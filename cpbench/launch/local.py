@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import logging
+import signal
 import sys
+import tempfile
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -101,9 +103,27 @@ def _launch_once(spec: RunSpec, nprocs: int) -> None:
         logs_specs=DefaultLogsSpecs(log_dir=str(log_dir)),
     )
     # The agent logs each failure at length; cpbench reports it in one message instead.
-    for name in ("torch.distributed.elastic", "torch.multiprocessing"):
+    # Some of its loggers set their own level (e.g. the agent's "Received 2 death signal" warning).
+    names = [
+        n
+        for n in logging.root.manager.loggerDict
+        if n.startswith(("torch.distributed.elastic", "torch.multiprocessing"))
+    ]
+    for name in ("torch.distributed.elastic", "torch.multiprocessing", *names):
         logging.getLogger(name).setLevel(logging.CRITICAL)
+    # torch's spawn leaves an error file per failed rank in the temporary folder: keep them in the logs.
+    tempdir, tempfile.tempdir = tempfile.tempdir, str(log_dir)
     try:
-        elastic_launch(config, run_rank)(spec)
+        elastic_launch(config, _rank)(spec)
     except ChildFailedError as err:
         raise _failure(err) from None
+    finally:
+        tempfile.tempdir = tempdir
+
+
+def _rank(spec: RunSpec) -> None:
+    """A rank of this launcher: Ctrl-C reaches every process of the terminal's group, and the agent
+    passes SIGTERM on; either ends a rank silently (the launching process reports it in one line)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    run_rank(spec)

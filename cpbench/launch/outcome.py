@@ -10,6 +10,9 @@ from cpbench.results.folder import RunFolder
 def close_failed(
     folder: RunFolder, cp: int, status: str, error: str, code: int = 1, detail: str = "", first: bool = False
 ) -> None:
-    folder.in_flight.close(status, error)
+    """`status` error: a rank raised, the point in flight is recorded so. crashed (a kill, a lost peer)
+    or interrupted: it stays in flight and the next run measures it again."""
+    if status == "error":
+        folder.in_flight.close(status, error)
     write_report(folder.root)
     folder.record_failure(code, error, detail, first=first, cp=cp)

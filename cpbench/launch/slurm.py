@@ -135,10 +135,10 @@ class SlurmRanks(Checkpointable):
     def checkpoint(self, spec: RunSpec) -> DelayedSubmission:
         """Called on task 0 when the job is timed out or preempted, just before it is requeued."""
         # The point (or probe step) being measured was interrupted, not broken: the requeued job
-        # measures it again instead of recording it as crashed (or, for the probe, as not fitting).
+        # measures it again, and does not count it as a crash.
         folder = RunFolder(spec.output_dir)
-        folder.in_flight.abandon()
-        ProbeState(folder).abandon()
+        folder.in_flight.interrupt()
+        ProbeState(folder).interrupt()
         return DelayedSubmission(self, spec)
 
 

@@ -8,7 +8,7 @@ import dataclasses
 import pandas as pd
 
 from cpbench.probe.search import Trial
-from cpbench.results.folder import RunFolder
+from cpbench.results.folder import RepeatedCrash, RunFolder
 
 
 class ProbeState:
@@ -20,35 +20,66 @@ class ProbeState:
         self.config_hash = saved.get("config_hash") if config_hash is None else config_hash
         self.trials: list[Trial] = []
         self.in_flight: int | None = None
+        self.crashes = 0  # how many runs died at the N in flight with no out-of-memory cause
+        self.interrupted = False  # the N in flight was stopped by a signal, not by a crash
         if saved and saved["config_hash"] == self.config_hash:  # another configuration starts afresh
             self.trials = [Trial(**t) for t in saved["trials"]]
             self.in_flight = saved["in_flight"]
+            self.crashes = saved.get("crashes", 0)
+            self.interrupted = saved.get("interrupted", False)
 
-    def close_in_flight(self) -> int | None:
-        """An N in flight when the job died does not fit: record it as crashed, never retry it."""
+    def resume_in_flight(self, max_restarts: int) -> int | None:
+        """The N in flight when the last run died, to be tried again: a kill, a preemption or an
+        interrupt says nothing about whether it fits (only out of memory does). An N that has crashed
+        more than `max_restarts` times raises RepeatedCrash: it is never a max-fit edge."""
         n = self.in_flight
-        if n is not None:
-            self.finish(Trial(n=n, fits=False, status="crashed"))
+        if n is None:
+            return None
+        if not self.interrupted:
+            self.crashes += 1
+        self.interrupted = False
+        self._save()
+        if self.crashes > max_restarts:
+            raise RepeatedCrash(
+                f"probe: N={n} crashed {self.crashes} time(s) with no out-of-memory cause "
+                f"(launch.max_restarts={max_restarts}); it is not a max-fit edge: see {self.folder.logs}, "
+                f"or cap the probe below it with probe.max_tokens"
+            )
         return n
 
-    def abandon(self) -> None:
-        """Forget the N in flight: it was interrupted, not refused, and is tried again."""
+    def close_oom(self) -> int | None:
+        """The N in flight ran out of memory on one rank alone (the run ended for it): does not fit."""
+        n = self.in_flight
+        if n is not None:
+            self.finish(Trial(n=n, fits=False, status="oom"))
+        return n
+
+    def interrupt(self) -> int | None:
+        """Mark the N in flight as interrupted (not counted as a crash); it is tried again."""
         if self.in_flight is not None:
-            self.in_flight = None
+            self.interrupted = True
             self._save()
+        return self.in_flight
 
     def start(self, n: int) -> None:
-        self.in_flight = n
+        self.crashes = self.crashes if n == self.in_flight else 0
+        self.in_flight, self.interrupted = n, False
         self._save()
 
     def finish(self, trial: Trial) -> None:
         self.trials.append(trial)
-        self.in_flight = None
+        self.in_flight, self.crashes, self.interrupted = None, 0, False
         self._save()
 
     def _save(self) -> None:
         trials = [dataclasses.asdict(t) for t in self.trials]
-        payload = {"config_hash": self.config_hash, "trials": trials, "in_flight": self.in_flight}
+        payload = {
+            "config_hash": self.config_hash,
+            "trials": trials,
+            "in_flight": self.in_flight,
+            "crashes": self.crashes,
+            "interrupted": self.interrupted,
+        }
         self.folder.write_json(self.folder.probe_state, payload)
         columns = ["n", "fits", "status", "peak_gib", "seconds", "guided"]
         frame = pd.DataFrame(trials, columns=columns).rename(

@@ -22,7 +22,8 @@ _TABLE = {
     "kind": "kind", "workload": "workload", "workflow": "workflow", "topology": "topology", "cp": "cp",
     "N_tokens": "N_tokens", "N_atoms": "N_atoms", "MSA_depth": "MSA", "dtype": "dtype", "status": "status",
     "walltime_ms": "walltime ms (median)", "walltime_iqr_ms": "IQR ms", "tokens_per_s": "tokens/s",
-    "comm_ms": "comm ms", "peak_mem_gib": "peak GiB (max rank)", "checksum": "checksum",
+    "comm_ms": "comm ms", "peak_mem_gib": "peak GiB (max rank)", "checksum": "checksum", "seed": "seed",
+    "config_hash": "config",
 }  # fmt: skip
 
 _META = [
@@ -30,8 +31,12 @@ _META = [
     ("cpu_cores", "CPU cores"), ("backend", "backend"), ("torch", "torch"), ("cuda", "CUDA"),
     ("topology", "topology"), ("cp", "cp"), ("grid", "grid"), ("world_size", "ranks"),
     ("clocks_locked", "clocks locked"), ("devices_shared", "devices shared"),
-    ("config_hash", "config hash"), ("commit", "project commit"),
+    ("oversubscribed", "oversubscribed"), ("ranks_per_device", "ranks per device"), ("seed", "seed"),
+    ("config_hash", "config hash"), ("budget_gib", "memory budget GiB (per rank)"),
+    ("baseline_gib", "start-up baseline GiB (rank 0)"), ("commit", "project commit"),
 ]  # fmt: skip
+# A point whose IQR over repeats exceeds this share of its median walltime is noisy.
+NOISY_IQR = 0.10
 
 
 def _fmt(value: Any, digits: int = 6) -> str:
@@ -199,6 +204,24 @@ def _speed_sentences(frame: pd.DataFrame) -> list[str]:
     return [f"At N_tokens={n}, walltime is {t_lo:.3g} ms at cp={lo} and {t_hi:.3g} ms at cp={hi} ({how})."]
 
 
+def noisy(frame: pd.DataFrame) -> pd.Series:
+    """Measured points whose IQR exceeds NOISY_IQR of their median walltime."""
+    if "walltime_iqr_ms" not in frame.columns:
+        return pd.Series(False, index=frame.index)
+    iqr, median = frame["walltime_iqr_ms"].astype(float), frame["walltime_ms"].astype(float)
+    return (frame["status"] == "ok") & (iqr > NOISY_IQR * median)
+
+
+def _noise_sentences(frame: pd.DataFrame) -> list[str]:
+    count = int(noisy(frame).sum())
+    if not count:
+        return []
+    return [
+        f"{count} point(s) are noisy (IQR over {NOISY_IQR:.0%} of the median walltime): more repeats "
+        "(timing.repeats) or a quieter machine would tighten them."
+    ]
+
+
 def _failure_sentences(frame: pd.DataFrame) -> list[str]:
     failed = frame[frame["status"] != "ok"]
     if failed.empty:
@@ -226,6 +249,7 @@ def readout(frame: pd.DataFrame) -> str:
             _max_n_sentences(group)
             + _comm_sentences(group)
             + _speed_sentences(group)
+            + _noise_sentences(group)
             + _failure_sentences(group)
         )
         text = " ".join(sentences)
@@ -242,6 +266,7 @@ def _rows_table(frame: pd.DataFrame, extra: Sequence[str] = ()) -> list[str]:
         shown.loc[at, "status"] = (
             shown.loc[at, "status"].astype(str) + ", OOM@" + shown.loc[at, "oom_at"].astype(int).astype(str)
         )
+    shown.loc[noisy(shown), "status"] = "ok, noisy"
     for row in shown[cols].itertuples(index=False):
         # Checksums keep enough digits to tell two runs apart.
         cells = (_fmt(v, 12 if c == "checksum" else 6) for c, v in zip(cols, row, strict=True))
@@ -261,17 +286,47 @@ def _errors(frame: pd.DataFrame, with_run: bool = False) -> list[str]:
     ]
 
 
+def _budget_sentence(meta: dict[str, Any]) -> list[str]:
+    budget, baseline = meta.get("budget_gib"), meta.get("baseline_gib")
+    if budget is None:
+        return []
+    return [
+        "",
+        f"Memory cap: {budget:g} GiB per rank on top of the {baseline or 0:.3f} GiB a rank holds after "
+        f"start-up; peaks are the whole process (baseline included), so a point fits while its peak "
+        f"stays under {budget + (baseline or 0):.3f} GiB.",
+    ]
+
+
+def _oversubscribed(meta: dict[str, Any]) -> str:
+    if str(meta.get("oversubscribed", "no")).startswith("yes"):
+        return (
+            f" Oversubscribed {meta['oversubscribed'].removeprefix('yes ')}: walltimes and the share of "
+            "time in collectives are not meaningful."
+        )
+    return ""
+
+
 def render(frame: pd.DataFrame, meta: dict[str, Any], title: str = "cpbench results") -> str:
-    """One run's report."""
+    """One run's report. Rows of several configurations (a rerun into the same folder with other
+    settings) each get their own table and readout: they are never compared or mixed."""
     lines = [f"# {title}", "", "## Run", "", "| | |", "|---|---|"]
     lines += [f"| {label} | {_fmt(meta.get(key, ''))} |" for key, label in _META if key in meta]
+    lines += _budget_sentence(meta)
     lines += ["", "## Results", ""]
     if frame.empty:
-        lines.append("No rows.")
-    else:
-        lines += _rows_table(frame)
-        lines += _errors(frame)
-    lines += ["", "## Readout", "", readout(frame), ""]
+        return "\n".join([*lines, "No rows.", "", "## Readout", "", readout(frame), ""])
+    configs = list(frame.groupby("config_hash", sort=False)) if "config_hash" in frame.columns else []
+    if len(configs) <= 1:
+        lines += _rows_table(frame) + _errors(frame)
+        lines += ["", "## Readout", "", readout(frame) + _oversubscribed(meta), ""]
+        return "\n".join(lines)
+    for config, rows in configs:
+        seeds = ", ".join(str(s) for s in rows["seed"].unique()) if "seed" in rows else "?"
+        current = " (this run's)" if config == meta.get("config_hash") else ""
+        lines += [f"### config `{config}`{current}, seed {seeds}", ""]
+        lines += _rows_table(rows) + _errors(rows)
+        lines += ["", "Readout: " + readout(rows) + (_oversubscribed(meta) if current else ""), ""]
     return "\n".join(lines)
 
 

@@ -179,6 +179,22 @@ def collect(dirs: Sequence[Path]) -> Merged:
     return Merged(runs, combine(runs), commands)
 
 
+def overlapping(runs: Sequence[Run]) -> list[tuple[str, str, str]]:
+    """Pairs of runs (and their host) whose start (`date`) to end (`finished`) spans overlap on one host:
+    they shared its devices or cores, so their walltimes do not compare."""
+    spans = [
+        (run.name, run.meta["host"], run.meta["date"], run.meta["finished"])
+        for run in runs
+        if {"host", "date", "finished"} <= run.meta.keys()
+    ]  # the timestamps are UTC "%Y-%m-%d %H:%M:%S": they order as text
+    return [
+        (a[0], b[0], a[1])
+        for i, a in enumerate(spans)
+        for b in spans[i + 1 :]
+        if a[1] == b[1] and a[2] < b[3] and b[2] < a[3]
+    ]
+
+
 def write(
     merged: Merged,
     out_dir: Path,
@@ -196,6 +212,9 @@ def write(
     if merged.commands:
         made = "Measured with " + "; ".join(f"`{c}`" for c in merged.commands) + "."
         note = f"{note}\n\n{made}" if note else made
+    for a, b, host in overlapping(merged.runs):
+        clash = f"`{a}` and `{b}` ran at the same time on {host}: their walltimes do not compare."
+        note = f"{note}\n\n{clash}" if note else clash
     text = render_sweep(merged.frame, [run.summary() for run in merged.runs], plots, csv_name, title, note)
     merged.report = out.report
     out.write_text(merged.report, text)

@@ -37,6 +37,10 @@ def config_hash(resolved_yaml: str) -> str:
     return hashlib.sha256(resolved_yaml.encode()).hexdigest()[:12]
 
 
+def now() -> str:
+    return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
 def _device_model(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
@@ -54,8 +58,10 @@ def collect(
     on_cuda = device.type == "cuda"
     devices = torch.cuda.device_count() if on_cuda else 1
     shared = local_world > devices
+    # On CPU the ranks share the cores: more ranks than cores oversubscribes them.
+    units, unit = (devices, "GPU") if on_cuda else (os.cpu_count() or 1, "CPU core")
     return {
-        "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"),
+        "date": now(),
         "host": socket.gethostname(),
         "device": _device_model(device),
         "device_count": devices,
@@ -70,6 +76,8 @@ def collect(
         # Locked clocks cannot be read without vendor tools; say so rather than guess.
         "clocks_locked": "unknown" if on_cuda else "n/a (CPU)",
         "devices_shared": f"yes ({local_world} ranks on {devices} device(s))" if shared else "no",
+        "ranks_per_device": round(local_world / units, 2),
+        "oversubscribed": f"yes ({local_world} ranks on {units} {unit}(s))" if local_world > units else "no",
         "config_hash": config_digest,
         "commit": project_commit(),
     }

@@ -7,22 +7,30 @@ that died leave a row behind, and what a requeue abandons so the point is measur
 from __future__ import annotations
 
 import datetime as dt
+import fcntl
 import json
-from collections.abc import Mapping, Sequence
+import os
+import socket
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
+from cpbench.core import ConfigError
 from cpbench.results.row import point_key
 from cpbench.results.store import append_rows, read_results, write_atomically
+
+
+class FolderLocked(ConfigError):
+    """Another run holds the folder."""
 
 
 class RunFolder:
     RESULTS = "results.csv"
     COMM_OPS = "comm_ops.csv"  # per measured point and op label: calls, bytes and seconds per step
     STATE = "state.json"  # the point in flight
-    OOM_ALONE = "oom_alone.json"  # a rank out of memory while its peers were stuck: what ran out
     PROBE_STATE = "probe_state.json"  # every N the probe tried, and the N in flight
     PROBE_CSV = "probe.csv"
     RUN = "run.json"  # the run's metadata
@@ -30,6 +38,7 @@ class RunFolder:
     REPORT = "cp_benchmark.md"
     LOGS = "logs"
     SLURM = "slurm"  # submitit's pickles and every task's logs, one folder per job
+    LOCK = ".cpbench.lock"  # held by the process that runs the folder's run; names it
     # Files only a run folder holds; a sweep folder holds run folders (its own results.csv is a merge).
     MARKERS = (RESULTS, RUN, FAILURE, STATE)
 
@@ -99,6 +108,52 @@ class RunFolder:
     def sbatch_script(self) -> Path:
         return self.slurm / "cpbench.sbatch"
 
+    def check_writable(self) -> None:
+        """Fail before anything starts when the folder cannot hold a run (a file, no permission)."""
+        if self.root.exists() and not self.root.is_dir():
+            raise ConfigError(f"output_dir={self.root}: is a file; give a folder")
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            with open(self.root / f".cpbench-write-test-{os.getpid()}", "w") as probe:
+                os.unlink(probe.name)
+        except OSError as err:
+            raise ConfigError(f"output_dir={self.root}: cannot be written ({err.strerror})") from None
+
+    @property
+    def lock_file(self) -> Path:
+        return self.root / self.LOCK
+
+    @contextmanager
+    def lock(self) -> Iterator[None]:
+        """One run per folder: two runs appending to one results.csv lose rows. The lock is an flock,
+        so the kernel drops it when its holder dies, and a later run takes a stale lock file over."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.lock_file, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 200).decode(errors="replace").strip() or "another process"
+            os.close(fd)
+            raise FolderLocked(
+                f"output_dir={self.root}: another run writes there ({holder}); "
+                "wait for it to end, or give this run another output_dir"
+            ) from None
+        try:
+            os.ftruncate(fd, 0)
+            os.write(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode())
+            yield
+        finally:
+            os.close(fd)  # releases the lock
+
+    @contextmanager
+    def turn(self) -> Iterator[None]:
+        """Wait for the folder's turn lock, then hold it: jobs of a sweep sharing one machine run one
+        after another, not timing each other."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        with open(self.root / ".cpbench-turn.lock", "w") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            yield
+
     def is_run(self) -> bool:
         return any((self.root / name).exists() for name in self.MARKERS)
 
@@ -162,38 +217,36 @@ class RunFolder:
         return self.read_json(self.failure)
 
     @property
-    def oom_alone(self) -> Path:
-        return self.root / self.OOM_ALONE
-
-    def record_oom_alone(self, kind: str, n_tokens: int, rank: int, error: str) -> None:
-        """A rank out of memory alone ends the job before its peers can agree; it leaves this note so
-        that the relaunched run records the N in flight as not fitting, not as a crash."""
-        self.write_json(self.oom_alone, {"kind": kind, "N_tokens": n_tokens, "rank": rank, "error": error})
-
-    def take_oom_alone(self, kind: str, n_tokens: int | None) -> str | None:
-        """The error of a rank that ran out of memory alone at this in-flight N, once; else None."""
-        note = self.read_json(self.oom_alone)
-        if not note or note["kind"] != kind or note["N_tokens"] != n_tokens:
-            return None
-        self.oom_alone.unlink(missing_ok=True)
-        return f"rank {note['rank']}: {note['error']}"
-
-    @property
     def in_flight(self) -> InFlight:
         return InFlight(self)
 
 
+class RepeatedCrash(RuntimeError):
+    """A point or probe N that kept crashing (killed, a dead peer) with no out-of-memory cause: an
+    error to look into, never a result."""
+
+
 class InFlight:
-    """Names the point being measured, so a run that dies mid-point leaves a row behind."""
+    """Names the point being measured, so that a run that dies mid-point can say which one, and the
+    next run measures it again; how many runs died at it, and whether a signal stopped the last."""
 
     def __init__(self, folder: RunFolder):
         self.folder = folder
 
+    def _state(self) -> dict[str, Any]:
+        return self.folder.read_json(self.folder.state) or {}
+
     def row(self) -> dict[str, Any] | None:
-        return (self.folder.read_json(self.folder.state) or {}).get("in_flight")
+        """The point in flight, unless its row was written (a run can die between the two writes)."""
+        row = self._state().get("in_flight")
+        if row is None or _key(row) in self.folder.done_keys(row["config_hash"]):
+            return None
+        return row
 
     def start(self, row: Mapping[str, Any]) -> None:
-        self.folder.write_json(self.folder.state, {"in_flight": dict(row)})
+        state = self._state()
+        same = state.get("in_flight") is not None and _key(state["in_flight"]) == _key(row)
+        self._save(dict(row), state.get("crashes", 0) if same else 0, False)
 
     def finish(self, row: Mapping[str, Any]) -> None:
         """Append the point's row, then clear the in-flight mark."""
@@ -201,7 +254,8 @@ class InFlight:
         self.abandon()
 
     def close(self, status: str, error: str) -> dict | None:
-        """Record a point left in flight by a run that died; return its row, if there was one."""
+        """Record the point in flight with `status` (a rank raised, or ran out of memory alone);
+        return its row, if there was one."""
         row = self.row()
         if row is None:
             return None
@@ -209,7 +263,38 @@ class InFlight:
         self.finish(row)
         return row
 
+    def interrupt(self) -> dict | None:
+        """Mark the point in flight as stopped by a signal: measured again, not counted as a crash."""
+        state, row = self._state(), self.row()
+        if row is not None:
+            self._save(row, state.get("crashes", 0), True)
+        return row
+
+    def resume(self, max_restarts: int) -> dict | None:
+        """The point in flight when the last run died, which this run measures again. One that has
+        crashed more than `max_restarts` times is recorded as crashed and raises RepeatedCrash."""
+        state, row = self._state(), self.row()
+        if row is None:
+            return None
+        crashes = state.get("crashes", 0) + (0 if state.get("interrupted") else 1)
+        self._save(row, crashes, False)
+        if crashes > max_restarts:
+            error = f"crashed {crashes} time(s) with no out-of-memory cause"
+            self.close("crashed", error)
+            raise RepeatedCrash(
+                f"N={row['N_tokens']} {error} (launch.max_restarts={max_restarts}); "
+                f"recorded as crashed: see {self.folder.logs}"
+            )
+        return row
+
     def abandon(self) -> None:
-        """Forget the point in flight without a row: it was interrupted, not broken, and is measured
-        again by the next run."""
-        self.folder.write_json(self.folder.state, {"in_flight": None})
+        """Forget the point in flight."""
+        self._save(None, 0, False)
+
+    def _save(self, row: dict | None, crashes: int, interrupted: bool) -> None:
+        state = {"in_flight": row, "crashes": crashes, "interrupted": interrupted}
+        self.folder.write_json(self.folder.state, state)
+
+
+def _key(row: Mapping[str, Any]) -> str:
+    return point_key(row["kind"], row["N_tokens"], row["N_atoms"], row["MSA_depth"])

@@ -40,6 +40,10 @@ class ResultRow:
     repeats: int
     seed: int
     config_hash: str
+    # The per-rank memory cap and what rank 0 held after start-up (CPU); a point fits when its peak
+    # over that baseline stays within the cap.
+    budget_gib: float | None = None
+    baseline_gib: float | None = None
     error: str = ""
     # Settings a workload records in each of its rows (its optional `columns` hook), after these.
     extra: dict[str, Any] = field(default_factory=dict)

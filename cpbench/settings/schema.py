@@ -121,6 +121,7 @@ class OptimConfig:
 class LogConfig:
     all_ranks: bool = False  # ranks other than 0 stay quiet unless set
     progress: bool = True  # the progress bar on rank 0
+    heartbeat_s: float | None = 30.0  # rank 0 says what it measures this often (null: never)
 
 
 @dataclass

@@ -56,6 +56,10 @@ def validate(settings: BenchConfig) -> Topology:
     if p.factor <= 1:
         raise ConfigError(f"probe.factor={p.factor}: must be > 1")
     _positive("memory.budget_gib", settings.memory.budget_gib, allow_null=True)
+    _positive("memory.cpu_budget_gib", settings.memory.cpu_budget_gib, allow_null=True)
+    if settings.launch.max_restarts < 0:
+        raise ConfigError(f"launch.max_restarts={settings.launch.max_restarts}: must be >= 0")
+    _check_fault(settings, topology.cp)
     _positive("dist.timeout_s", settings.dist.timeout_s)
     _positive("dist.agree_timeout_s", settings.dist.agree_timeout_s)
     if settings.dist.backend not in (None, "gloo", "nccl"):
@@ -63,6 +67,17 @@ def validate(settings: BenchConfig) -> Topology:
     if settings.data.path is not None:
         _check_data(settings)
     return topology
+
+
+def _check_fault(settings: BenchConfig, cp: int) -> None:
+    f = settings.fault
+    if f.kind not in ("oom", "kill"):
+        raise ConfigError(f"fault.kind={f.kind}: allowed values are oom, kill")
+    if f.where not in ("batch", "step"):
+        raise ConfigError(f"fault.where={f.where}: allowed values are batch, step")
+    if f.rank is not None and not 0 <= f.rank < cp:
+        raise ConfigError(f"fault.rank={f.rank}: must be a rank of topology.cp={cp} (0 to {cp - 1}) or null")
+    _positive("fault.at_n", f.at_n, allow_null=True)
 
 
 def _check_data(settings: BenchConfig) -> None:
@@ -77,7 +92,7 @@ def _check_data(settings: BenchConfig) -> None:
     try:
         load_features(path)
     except (FeatureError, OSError) as err:
-        message = str(err)
+        message = str(err).removeprefix(f"{path}: ")
         raise ConfigError(
             message if message.startswith("data.path=") else f"data.path={path}: {message}"
         ) from None

@@ -1,7 +1,11 @@
 """An adapter module with the fold-cp driver's signatures, for tests. It all-gathers a row-sharded
-pair tensor over the mesh. CPBENCH_TEST_FAIL="rank:N" makes that rank raise at N_tokens >= N."""
+pair tensor over the mesh. CPBENCH_TEST_FAIL="rank:N" makes that rank raise at N_tokens >= N;
+CPBENCH_TEST_KILL_ONCE="rank:N:marker" SIGKILLs that rank at N_tokens == N once (a preemption, or a
+kill from outside), leaving the marker file so the retry runs."""
 
 import os
+import signal
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -31,6 +35,12 @@ def build_batch(N, n_atoms, S, mesh, device):
         rank, at = (int(v) for v in fail.split(":"))
         if dist.get_rank() == rank and at <= N:
             raise ValueError(f"injected failure at N={N}")
+    kill = os.environ.get("CPBENCH_TEST_KILL_ONCE")
+    if kill:
+        rank, at, marker = kill.split(":", 2)
+        if dist.get_rank() == int(rank) and int(at) == N and not Path(marker).exists():
+            Path(marker).touch()
+            os.kill(os.getpid(), signal.SIGKILL)
     rows = N // mesh.size()
     g = torch.Generator().manual_seed(N + 1000 * mesh.get_local_rank())
     return torch.randn(rows, N, 8, generator=g).to(device)

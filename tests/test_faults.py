@@ -1,0 +1,244 @@
+"""Right answers under faults, through the real entry point: a kill is not out of memory, one run per
+folder, interrupts close the run, a bad input is one line and exit 2 before any rank starts."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from conftest import FAST, TESTS, TIMING, cpbench, ok, results
+
+# A deterministic edge: rank 1 runs out of memory building any batch of N >= 256 (agreed in-process),
+# so the probe's answer is max fit 192, first failure 256, whatever else happens.
+PROBE = ["topology.cp=2", "sweep.n_tokens=[]", "probe.enabled=true", "probe.start=64", "probe.granularity=64",
+         "probe.measure_at_max=false", "memory.cpu_budget_gib=1", "fault.rank=1", "fault.at_n=256",
+         "fault.where=batch", *TIMING]  # fmt: skip
+# The fold-cp-style test adapter can kill one of its ranks once at a given N (CPBENCH_TEST_KILL_ONCE).
+ADAPTER = ["workload=adapter", "workload.module=adapters.fold_cp_style"]
+
+
+def max_fit(out: Path) -> tuple[int, int]:
+    row = results(out).query("kind == 'max-fit'")
+    assert len(row) == 1
+    return int(row["N_tokens"].iloc[0]), int(row["oom_at"].iloc[0])
+
+
+def test_a_kill_at_a_fitting_probe_n_is_retried_and_the_answer_is_a_clean_runs(tmp_path):
+    clean = tmp_path / "clean"
+    ok(cpbench(*ADAPTER, *PROBE, f"output_dir={clean}", cwd=tmp_path, timeout=180))
+    assert max_fit(clean) == (192, 256)
+    out = tmp_path / "out"
+    kill = {"CPBENCH_TEST_KILL_ONCE": f"1:128:{tmp_path / 'killed'}"}
+    proc = ok(cpbench(*ADAPTER, *PROBE, f"output_dir={out}", cwd=tmp_path, timeout=180, env=kill))
+    assert (tmp_path / "killed").exists() and "relaunching, the run resumes" in proc.stderr
+    assert "probe: N=128 was in flight when the last run stopped: trying it again" in proc.stderr
+    assert max_fit(out) == max_fit(clean)
+    trials = pd.read_csv(out / "probe.csv").set_index("N_tokens")
+    assert trials.loc[128, "status"] == "ok" and "crashed" not in set(trials["status"])
+
+
+def test_an_n_that_keeps_crashing_is_an_error_naming_it_never_an_edge(tmp_path):
+    out = tmp_path / "out"
+    args = [*PROBE, "fault.kind=kill", "fault.where=step", "launch.max_restarts=1", f"output_dir={out}"]
+    proc = cpbench(*args, cwd=tmp_path, timeout=180)
+    assert proc.returncode == 1, proc.stderr
+    assert "cpbench: probe N=256 was in flight: the next run tries it again" in proc.stderr
+    proc = cpbench(*args, cwd=tmp_path, timeout=180)
+    assert proc.returncode == 1
+    assert "probe: N=256 crashed 2 time(s) with no out-of-memory cause" in proc.stderr
+    assert not (out / "results.csv").exists()  # no max-fit row: the N that crashed is no edge
+    assert 256 not in set(pd.read_csv(out / "probe.csv")["N_tokens"])
+
+
+def test_out_of_memory_alone_inside_a_step_does_not_fit(tmp_path):
+    """Rank 1 runs out between two collectives; it records N as not fitting before the job ends."""
+    out = tmp_path / "out"
+    proc = ok(cpbench(*PROBE, "fault.where=step", f"output_dir={out}", cwd=tmp_path, timeout=180))
+    assert "rank 1 crashed: OutOfMemoryAlone" in proc.stderr
+    assert max_fit(out) == (192, 256)
+    assert pd.read_csv(out / "probe.csv").set_index("N_tokens").loc[256, "status"] == "oom"
+
+
+def _start(args: list[str], cwd: Path) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "cpbench", "workload=axial_mix", *args]
+    env = {**os.environ, "PYTHONPATH": str(TESTS)}
+    return subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)  # fmt: skip
+
+
+def _wait_for(check, what: str, job: subprocess.Popen, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return
+        if job.poll() is not None:
+            pytest.fail(f"the run ended before {what}: {job.communicate()}")
+        time.sleep(0.05)
+    pytest.fail(f"never saw {what}")
+
+
+def _in_flight(out: Path) -> dict | None:
+    try:
+        return json.loads((out / "state.json").read_text())["in_flight"]
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+# Enough points that a run is still busy when the test acts on it.
+SLOW = ["topology.cp=2", "sweep.n_tokens=[16,32,64,96,128,160,192,224,256]", "timing.warmup=1",
+        "timing.repeats=20", "log.progress=false", "probe.enabled=false"]  # fmt: skip
+
+
+def test_a_second_run_into_the_same_folder_is_refused_and_the_first_keeps_every_row(tmp_path):
+    out = tmp_path / "out"
+    first = _start([*SLOW, f"output_dir={out}"], tmp_path)
+    try:
+        _wait_for(lambda: _in_flight(out) is not None, "a point in flight", first)
+        second = cpbench(*SLOW, f"output_dir={out}", cwd=tmp_path, timeout=60)
+        assert second.returncode == 2
+        assert second.stderr.strip().count("\n") == 0, second.stderr
+        assert f"output_dir={out}: another run writes there (pid {first.pid} on " in second.stderr
+        _, err = first.communicate(timeout=300)
+    finally:
+        if first.poll() is None:
+            os.killpg(first.pid, signal.SIGKILL)
+    assert first.returncode == 0, err
+    frame = results(out)
+    assert len(frame) == 9 and frame["N_tokens"].is_unique and set(frame["status"]) == {"ok"}
+    # The lock file left behind names a process that has ended: the next run takes it over.
+    ok(cpbench(*SLOW, f"output_dir={out}", cwd=tmp_path, timeout=60))
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_an_interrupt_mid_point_closes_the_run_and_resume_measures_the_point(tmp_path, signum):
+    out = tmp_path / "out"
+    job = _start([*SLOW, f"output_dir={out}"], tmp_path)
+    try:
+        _wait_for(lambda: out.joinpath("results.csv").exists() and _in_flight(out), "a point after one", job)
+        if signum == signal.SIGINT:
+            os.killpg(job.pid, signal.SIGINT)  # Ctrl-C: the terminal signals the whole group
+        else:
+            os.kill(job.pid, signal.SIGTERM)  # a scheduler or `kill`: the launching process alone
+        _, err = job.communicate(timeout=60)
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+    assert job.returncode == 128 + signum, err
+    assert "Traceback" not in err
+    lines = [line for line in err.splitlines() if line.startswith("cpbench:")]
+    assert lines and lines[-1].startswith("cpbench: interrupted at N=")
+    assert lines[-1].endswith("; run the same command to resume")
+    state = json.loads((out / "state.json").read_text())
+    n = int(lines[-1].split("N=")[1].split(";")[0])
+    assert state["interrupted"] and state["in_flight"]["N_tokens"] == n
+    assert (out / "cp_benchmark.md").exists()
+    assert json.loads((out / "failure.json").read_text())["exit_code"] == 128 + signum
+    before = results(out)
+    assert n not in set(before["N_tokens"])
+    assert not list(Path(os.environ.get("TMPDIR", "/tmp")).glob(f"pytorch-errorfile-*{job.pid}*"))
+    proc = ok(cpbench(*SLOW, f"output_dir={out}", cwd=tmp_path, timeout=300))
+    assert f"N={n} was in flight when the last run stopped" in proc.stderr
+    after = results(out)
+    assert len(after) == 9 and after["N_tokens"].is_unique and set(after["status"]) == {"ok"}
+    assert not (out / "failure.json").exists()
+
+
+def _feature_files(tmp: Path) -> dict[str, tuple[Path, str]]:
+    """Each kind of unreadable feature file, with what its one line must say."""
+    text_npz, text_pt = tmp / "text.npz", tmp / "text.pt"
+    text_npz.write_text("not a zip\n")
+    text_pt.write_text("not a torch file\n")
+    whole = tmp / "whole.npz"
+    np.savez_compressed(whole, res_type=np.zeros((64, 33)), msa=np.zeros((8, 64)))
+    truncated = tmp / "truncated.npz"
+    truncated.write_bytes(whole.read_bytes()[:200])
+    corrupt = tmp / "corrupt.npz"  # the archive is whole, the deflate stream of its first member is not
+    data = bytearray(whole.read_bytes())
+    with zipfile.ZipFile(whole) as archive:
+        info = archive.infolist()[0]
+    start = info.header_offset + 30 + len(info.filename) + len(info.extra)
+    data[start + 10 : start + 40] = bytes(30)
+    corrupt.write_bytes(bytes(data))
+    return {
+        "text-npz": (text_npz, f"data.path={text_npz}: not an .npz archive"),
+        "truncated-npz": (truncated, f"data.path={truncated}: not an .npz archive"),
+        "corrupt-member": (corrupt, f"data.path={corrupt}: member '{info.filename[:-4]}' cannot be read"),
+        "text-pt": (text_pt, f"data.path={text_pt}: not a readable torch file"),
+    }
+
+
+SETTINGS = [
+    (["launch.max_restarts=-1"], "launch.max_restarts=-1: must be >= 0"),
+    (["memory.cpu_budget_gib=-1"], "memory.cpu_budget_gib=-1.0: must be > 0"),
+    (["memory.budget_gib=0"], "memory.budget_gib=0.0: must be > 0"),
+    (["fault.kind=explode"], "fault.kind=explode: allowed values are oom, kill"),
+    (["fault.where=nowhere"], "fault.where=nowhere: allowed values are batch, step"),
+    (["topology.cp=2", "fault.rank=7"], "fault.rank=7: must be a rank of topology.cp=2 (0 to 1) or null"),
+    (["fault.rank=0", "fault.at_n=0"], "fault.at_n=0: must be > 0"),
+]
+
+
+def _bad_input(tmp_path: Path, args: list[str], message: str, out: Path) -> None:
+    proc = cpbench(*args, *FAST, f"output_dir={out}", cwd=tmp_path, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith(f"cpbench: error: {message}"), proc.stderr
+    assert message in proc.stderr and proc.stderr.strip().count("\n") == 0, proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("overrides,message", SETTINGS, ids=[" ".join(o) for o, _ in SETTINGS])
+def test_a_setting_out_of_range_is_one_line_and_exit_2(tmp_path, overrides, message):
+    out = tmp_path / "out"
+    _bad_input(tmp_path, overrides, message, out)
+    assert not out.exists() or not any(out.iterdir())
+
+
+@pytest.mark.parametrize("kind", ["text-npz", "truncated-npz", "corrupt-member", "text-pt"])
+def test_an_unreadable_feature_file_is_one_line_and_exit_2(tmp_path, kind):
+    path, message = _feature_files(tmp_path)[kind]
+    out = tmp_path / "out"
+    _bad_input(tmp_path, [f"data.path={path}", "topology.cp=2"], message, out)
+    assert not out.exists() or not any(out.iterdir())
+
+
+def test_an_output_dir_that_is_a_file_or_cannot_be_written_is_one_line_and_exit_2(tmp_path):
+    a_file = tmp_path / "a_file"
+    a_file.write_text("keep me\n")
+    _bad_input(tmp_path, ["topology.cp=2"], f"output_dir={a_file}: is a file; give a folder", a_file)
+    assert a_file.read_text() == "keep me\n"
+    _bad_input(tmp_path, [], "output_dir=/proc/cpbench: cannot be written", Path("/proc/cpbench"))
+
+
+def test_hydras_own_config_errors_exit_2(tmp_path):
+    proc = cpbench("topology.cpp=2", f"output_dir={tmp_path / 'out'}", cwd=tmp_path, timeout=60)
+    assert proc.returncode == 2 and "topology.cpp" in proc.stderr
+
+
+def test_a_submitit_local_sweep_runs_its_jobs_one_after_another(tmp_path):
+    out = tmp_path / "sweep"
+    ok(cpbench("-m", "hydra/launcher=submitit_local", "topology.cp=1,2", "sweep.n_tokens=[16]", *FAST,
+               f"output_dir={out}", cwd=tmp_path, timeout=300))  # fmt: skip
+    # A job writes run.json as it starts and results.csv as it ends: the two spans do not overlap.
+    jobs = list(out.glob("*_cp*"))
+    spans = sorted(((j / "run.json").stat().st_mtime, (j / "results.csv").stat().st_mtime) for j in jobs)
+    assert len(spans) == 2 and spans[0][1] <= spans[1][0], spans
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) > 3, reason="needs more ranks than this machine's cores")
+def test_more_ranks_than_cores_is_warned_and_recorded(tmp_path):
+    out, cp = tmp_path / "out", (os.cpu_count() or 1) + 1
+    proc = ok(cpbench(f"topology.cp={cp}", f"sweep.n_tokens=[{12 * cp}]", *FAST, f"output_dir={out}",
+                      cwd=tmp_path, timeout=180))  # fmt: skip
+    assert f"oversubscribed: {cp} ranks on {cp - 1} CPU core(s)" in proc.stderr
+    meta = json.loads((out / "run.json").read_text())
+    assert meta["ranks_per_device"] == round(cp / (cp - 1), 2) and meta["oversubscribed"].startswith("yes")
+    assert "the share of time in collectives are not meaningful" in (out / "cp_benchmark.md").read_text()
