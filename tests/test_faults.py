@@ -23,7 +23,7 @@ PROBE = ["topology.cp=2", "sweep.n_tokens=[]", "probe.enabled=true", "probe.star
          "probe.measure_at_max=false", "memory.cpu_budget_gib=1", "fault.rank=1", "fault.at_n=256",
          "fault.where=batch", *TIMING]  # fmt: skip
 # The fold-cp-style test adapter can kill one of its ranks once at a given N (CPBENCH_TEST_KILL_ONCE).
-ADAPTER = ["workload=adapter", "workload.module=adapters.fold_cp_style"]
+ADAPTER = ["workload=adapter", "workload.module=adapters.fold_cp_style", "workload.contract=native"]
 
 
 def max_fit(out: Path) -> tuple[int, int]:
@@ -180,7 +180,7 @@ SETTINGS = [
     (["launch.max_restarts=-1"], "launch.max_restarts=-1: must be >= 0"),
     (["memory.cpu_budget_gib=-1"], "memory.cpu_budget_gib=-1.0: must be > 0"),
     (["memory.budget_gib=0"], "memory.budget_gib=0.0: must be > 0"),
-    (["fault.kind=explode"], "fault.kind=explode: allowed values are oom, kill"),
+    (["fault.kind=explode"], "fault.kind=explode: allowed values are oom, kill, overrun"),
     (["fault.where=nowhere"], "fault.where=nowhere: allowed values are batch, step"),
     (["topology.cp=2", "fault.rank=7"], "fault.rank=7: must be a rank of topology.cp=2 (0 to 1) or null"),
     (["fault.rank=0", "fault.at_n=0"], "fault.at_n=0: must be > 0"),

@@ -51,14 +51,15 @@ def test_in_flight_finish_close_and_abandon(tmp_path):
     assert folder.done_keys("abc") == {"point:16:144:16"} and folder.done_keys("other") == set()
 
 
-def test_probe_state_abandon_keeps_the_trials(tmp_path):
+def test_probe_state_interrupt_keeps_the_trials_and_retries_the_n(tmp_path):
     folder = RunFolder(tmp_path)
     state = ProbeState(folder, "abc")
     state.finish(Trial(n=64, fits=True, status="ok", peak_gib=0.1))
     state.start(128)
-    ProbeState(folder).abandon()  # as a SLURM requeue does, without knowing the config
+    ProbeState(folder).interrupt()  # as a SLURM requeue does, without knowing the config
     again = ProbeState(folder, "abc")
-    assert again.in_flight is None and [t.n for t in again.trials] == [64]
+    assert again.interrupted and [t.n for t in again.trials] == [64]
+    assert again.resume_in_flight(max_restarts=0) == 128  # tried again, not counted as a crash
     assert ProbeState(folder, "other").trials == []  # another configuration starts afresh
 
 

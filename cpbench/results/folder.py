@@ -143,6 +143,7 @@ class RunFolder:
             os.write(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode())
             yield
         finally:
+            self.lock_file.unlink(missing_ok=True)  # still held: a run that opens it now finds it locked
             os.close(fd)  # releases the lock
 
     @contextmanager

@@ -71,8 +71,8 @@ def validate(settings: BenchConfig) -> Topology:
 
 def _check_fault(settings: BenchConfig, cp: int) -> None:
     f = settings.fault
-    if f.kind not in ("oom", "kill"):
-        raise ConfigError(f"fault.kind={f.kind}: allowed values are oom, kill")
+    if f.kind not in ("oom", "kill", "overrun"):
+        raise ConfigError(f"fault.kind={f.kind}: allowed values are oom, kill, overrun")
     if f.where not in ("batch", "step"):
         raise ConfigError(f"fault.where={f.where}: allowed values are batch, step")
     if f.rank is not None and not 0 <= f.rank < cp:
