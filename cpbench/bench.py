@@ -109,6 +109,7 @@ class Bench:
         self.workload = workload
         self.workload_name = getattr(workload, "name", type(workload).__name__)
         f = settings.fault
+        self.heartbeat = logs.Heartbeat(settings.log.heartbeat_s if self.lead else None)
         self.point_settings = PointSettings(
             warmup=settings.timing.warmup,
             repeats=settings.timing.repeats,
@@ -118,10 +119,10 @@ class Bench:
             seed=settings.seed,
             counts_comm=getattr(workload, "counts_comm", False),
             profile_comm=settings.measure.profile_comm,
+            progress=self.heartbeat.step,
         )
         self.runner: StepRunner | None = None
         self.done: set[str] = set()
-        self.heartbeat = logs.Heartbeat(settings.log.heartbeat_s if self.lead else None)
 
     def run(self) -> None:
         with self.heartbeat:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -242,3 +243,14 @@ def test_more_ranks_than_cores_is_warned_and_recorded(tmp_path):
     meta = json.loads((out / "run.json").read_text())
     assert meta["ranks_per_device"] == round(cp / (cp - 1), 2) and meta["oversubscribed"].startswith("yes")
     assert "the share of time in collectives are not meaningful" in (out / "cp_benchmark.md").read_text()
+
+
+def test_a_piped_run_says_which_step_is_under_way(tmp_path):
+    """Without a terminal, rank 0's heartbeat names the point and the step under way, with the time."""
+    out = tmp_path / "out"
+    args = ["topology.cp=1", "sweep.n_tokens=[256]", "timing.warmup=1", "timing.repeats=20",
+            "probe.enabled=false", "log.heartbeat_s=0.05", f"output_dir={out}"]  # fmt: skip
+    proc = ok(cpbench(*args, cwd=tmp_path, timeout=120))
+    beats = [line for line in proc.stderr.splitlines() if line.startswith("... N=256")]
+    assert beats, proc.stderr
+    assert any(re.search(r"\(timed step \d+ of 20\), \d+ s so far$", line) for line in beats), beats

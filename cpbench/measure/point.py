@@ -108,6 +108,7 @@ class PointSettings:
     seed: int = 0  # every build_batch starts from it
     counts_comm: bool = True  # every collective goes through cpbench's ledger: comm figures are complete
     profile_comm: bool = False  # comm time from the torch profiler's communication events instead
+    progress: Callable[[str], None] | None = None  # told which step is under way, for a progress line
 
     def single_step(self) -> PointSettings:
         return replace(self, warmup=0, repeats=1)
@@ -218,13 +219,16 @@ def _comm_seconds(events: Any) -> float:
 
 
 def _run_repeats(runner: StepRunner, batches: _Batches, control, settings: PointSettings):
-    for _ in range(settings.warmup):
+    say = settings.progress or (lambda where: None)
+    for i in range(settings.warmup):
+        say(f"warm-up step {i + 1} of {settings.warmup}")
         runner(batches.next())
     LEDGER.reset()
     timings, out, batch = [], None, None
     profiler = torch.profiler.profile() if settings.profile_comm else contextlib.nullcontext()
     with profiler:
-        for _ in range(settings.repeats):
+        for i in range(settings.repeats):
+            say(f"timed step {i + 1} of {settings.repeats}")
             out = batch = None  # the last output and batch are freed before the next, as in a real run
             batch = batches.next()  # built outside the timer
             dist.barrier(group=control)  # start together; the barrier is outside the timed region

@@ -43,6 +43,7 @@ class Heartbeat:
     def __init__(self, every_s: float | None):
         self.every_s = every_s
         self._what: str | None = None
+        self._step = ""  # where inside it: the warm-up or timed step under way
         self._since = time.monotonic()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._beat, name="cpbench-heartbeat", daemon=True)
@@ -58,9 +59,13 @@ class Heartbeat:
             self._thread.join()
 
     def now(self, what: str) -> None:
-        self._what, self._since = what, time.monotonic()
+        self._what, self._step, self._since = what, "", time.monotonic()
+
+    def step(self, where: str) -> None:
+        self._step = where
 
     def _beat(self) -> None:
         while not self._stop.wait(self.every_s):
             if self._what:
-                LOG.info("... %s, %.0f s so far", self._what, time.monotonic() - self._since)
+                where = f" ({self._step})" if self._step else ""
+                LOG.info("... %s%s, %.0f s so far", self._what, where, time.monotonic() - self._since)
