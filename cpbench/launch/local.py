@@ -40,14 +40,19 @@ _CONSEQUENCES = ("closed by peer", "reset by peer", "remote worker", "socket tim
 
 def _reported(err: ChildFailedError) -> dict[int, tuple[Any, int]]:
     """(message, exit code) per failed rank: those the agent saw, plus ranks whose error file was
-    written while the agent was already ending the job (the root cause is often among them)."""
+    written while the agent was already ending the job (the root cause is often among them).
+    A file still being written when the agent killed its rank is skipped."""
     found = {rank: (f.message, f.exitcode) for rank, f in err.failures.items()}
     for failure in err.failures.values():
         attempt = Path(failure.error_file).parent.parent
         for path in attempt.glob("*/error.json"):
             rank = int(path.parent.name)
-            if rank not in found:
+            if rank in found:
+                continue
+            try:  # a rank killed while writing it leaves the file empty or cut short
                 found[rank] = (json.loads(path.read_text())["message"], 1)
+            except (OSError, ValueError, KeyError):
+                continue
     return found
 
 
