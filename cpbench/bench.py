@@ -28,7 +28,7 @@ from cpbench.probe.runner import max_fit_row, run_probe, search_config
 from cpbench.probe.search import Trial
 from cpbench.probe.state import ProbeState
 from cpbench.report import metadata
-from cpbench.report.markdown import write_report
+from cpbench.report.single import write_report
 from cpbench.results.folder import RunFolder
 from cpbench.results.row import ResultRow
 from cpbench.runtime import logs
@@ -88,9 +88,16 @@ def hashed_config(settings: BenchConfig) -> str:
     """The settings that decide each point's numbers: not which points (a point's row names its own
     shape), nor where they are written or how loudly. Rows of an equal hash are resumable."""
     container = OmegaConf.to_container(OmegaConf.structured(settings), resolve=True, enum_to_str=True)
-    for key in ("output_dir", "log", "sweep", "probe", "shape", "slurm", "launch"):
+    for key in ("output_dir", "log", "sweep", "probe", "shape", "slurm", "launch", "baseline"):
         container.pop(key, None)
     return metadata.config_hash(OmegaConf.to_yaml(OmegaConf.create(container)))
+
+
+def walltime_points(settings: BenchConfig) -> list[Shape]:
+    """The points a run measures: the feature file's one shape, else the product of the sweep lists."""
+    if settings.data.path:
+        return [load_features(settings.data.path).shape]
+    return sweep_points(settings.shape, settings.sweep)
 
 
 class Bench:
@@ -152,10 +159,7 @@ class Bench:
                 )
         self.runner = self._build_runner()
         self.done = _broadcast(self.folder.done_keys(self.config_hash) if self.lead else None, self.control)
-        if settings.data.path:
-            points = [load_features(settings.data.path).shape]
-        else:
-            points = sweep_points(settings.shape, settings.sweep)
+        points = walltime_points(settings)
         todo = [s for s in points if self.row(s, "point").key not in self.done]
         LOG.info(
             "%s %s on %s cp=%d: %d point(s) to measure -> %s",

@@ -3,7 +3,7 @@ its point in flight recorded, the report written from the rows so far, failure.j
 
 from __future__ import annotations
 
-from cpbench.report.markdown import write_report
+from cpbench.report.single import write_report
 from cpbench.results.folder import RunFolder
 
 
