@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+import pandas as pd
 import torch
 import torch.distributed as dist
 from hydra.utils import instantiate
@@ -30,7 +31,7 @@ from cpbench.probe.state import ProbeState
 from cpbench.report import metadata
 from cpbench.report.single import write_report
 from cpbench.results.folder import RunFolder
-from cpbench.results.row import ResultRow
+from cpbench.results.row import BASELINE, ResultRow
 from cpbench.runtime import logs
 from cpbench.runtime.logs import CONSOLE, LOG
 from cpbench.runtime.rank import pick_backend, rank_runtime
@@ -221,6 +222,11 @@ class Bench:
         if state is not None and (n := state.resume_in_flight(self.settings.launch.max_restarts)) is not None:
             LOG.warning("probe: N=%d was in flight when the last run stopped: trying it again", n)
         trials = list(_broadcast(state.trials if state else None, self.control))
+        # The walltime points at the probe's own shapes are trials it need not step again: their
+        # fits and peaks start the ramp and the memory model.
+        tried = {t.n for t in trials}
+        measured = _broadcast(self._point_trials() if self.lead else None, self.control)
+        trials = [t for t in measured if t.n not in tried] + trials
         # Peaks are absolute (the CPU baseline included): the model's limit is the cap itself.
         budget = self.point_settings.budget
         limit = _broadcast(budget.gib + budget.baseline_gib, self.control) if budget else None
@@ -250,6 +256,22 @@ class Bench:
         row = self.row(shape, "max-fit")
         if self.lead and row.key not in self.done:
             self.folder.in_flight.finish(dataclasses.replace(row, **max_fit_row(best, fail)).as_dict())
+
+    def _point_trials(self) -> list[Trial]:
+        """This configuration's walltime points that fit or ran out of memory, at the probe's shapes."""
+        frame = self.folder.read_results()
+        if frame.empty:
+            return []
+        points = frame[(frame["config_hash"] == self.config_hash) & (frame["kind"] == "point")]
+        if "source" in points.columns:
+            points = points[points["source"] != BASELINE]
+        trials = {}
+        for r in points[points["status"].isin(["ok", "oom"])].itertuples():
+            if self._probe_shape(int(r.N_tokens)) == Shape(int(r.N_tokens), int(r.N_atoms), int(r.MSA_depth)):
+                peak = None if pd.isna(r.peak_mem_gib) else float(r.peak_mem_gib)
+                trials[int(r.N_tokens)] = Trial(n=int(r.N_tokens), fits=r.status == "ok", status=r.status,
+                                                peak_gib=peak)  # fmt: skip
+        return sorted(trials.values(), key=lambda t: t.n)
 
     def _probe_shape(self, n_tokens: int) -> Shape:
         return resolve_shape(self.settings.shape, n_tokens=n_tokens)

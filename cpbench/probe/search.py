@@ -84,8 +84,8 @@ def next_trial(cfg: SearchConfig, trials: list[Trial]) -> Proposal | None:
         start = max(m, align_down(cfg.start, m))
         return Proposal(min(start, cap) if cap else start, False)
     best, fail = bounds(trials)
-    if fail is None:  # ramp up
-        n = max(align_up(best.n * cfg.factor, m), best.n + m)
+    if fail is None:  # ramp up, never below the start (walltime points may be the first trials)
+        n = max(align_up(best.n * cfg.factor, m), best.n + m, max(m, align_down(cfg.start, m)))
         if cap is not None:
             n = min(n, cap)
         return None if n <= best.n or n in tried else Proposal(n, False)
