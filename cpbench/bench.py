@@ -221,12 +221,12 @@ class Bench:
         state = ProbeState(self.folder, self.config_hash) if self.lead else None
         if state is not None and (n := state.resume_in_flight(self.settings.launch.max_restarts)) is not None:
             LOG.warning("probe: N=%d was in flight when the last run stopped: trying it again", n)
-        trials = list(_broadcast(state.trials if state else None, self.control))
         # The walltime points at the probe's own shapes are trials it need not step again: their
         # fits and peaks start the ramp and the memory model.
-        tried = {t.n for t in trials}
-        measured = _broadcast(self._point_trials() if self.lead else None, self.control)
-        trials = [t for t in measured if t.n not in tried] + trials
+        if state is not None:
+            tried = {t.n for t in state.trials}
+            state.add_points([t for t in self._point_trials() if t.n not in tried])
+        trials = list(_broadcast(state.trials if state else None, self.control))
         # Peaks are absolute (the CPU baseline included): the model's limit is the cap itself.
         budget = self.point_settings.budget
         limit = _broadcast(budget.gib + budget.baseline_gib, self.control) if budget else None
@@ -270,7 +270,7 @@ class Bench:
             if self._probe_shape(int(r.N_tokens)) == Shape(int(r.N_tokens), int(r.N_atoms), int(r.MSA_depth)):
                 peak = None if pd.isna(r.peak_mem_gib) else float(r.peak_mem_gib)
                 trials[int(r.N_tokens)] = Trial(n=int(r.N_tokens), fits=r.status == "ok", status=r.status,
-                                                peak_gib=peak)  # fmt: skip
+                                                peak_gib=peak, point=True)  # fmt: skip
         return sorted(trials.values(), key=lambda t: t.n)
 
     def _probe_shape(self, n_tokens: int) -> Shape:

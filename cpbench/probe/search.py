@@ -21,6 +21,7 @@ class Trial:
     peak_gib: float | None = None
     seconds: float | None = None
     guided: bool = False  # proposed by the memory model rather than by the ramp or bisection
+    point: bool = False  # a walltime point of the run at the probe's shape, not a probe step
 
 
 @dataclass(frozen=True)
