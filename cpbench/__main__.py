@@ -27,7 +27,6 @@ from cpbench.launch import slurm
 from cpbench.launch.baseline import attach_baseline
 from cpbench.launch.local import RankFailure, launch_local
 from cpbench.launch.outcome import close_failed
-from cpbench.measure.budget import use_huge_pages
 from cpbench.probe.state import ProbeState
 from cpbench.results.folder import FolderLocked, RunFolder
 from cpbench.runtime.rank import pick_backend
@@ -37,7 +36,6 @@ from cpbench.workloads.adapter import WorkloadError
 from cpbench.workloads.base import Workload
 
 register()
-use_huge_pages()  # before any tensor; the ranks started from here inherit it
 
 
 def _under_torchrun() -> bool:

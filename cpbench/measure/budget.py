@@ -4,7 +4,6 @@ or on CPU an RLIMIT_DATA set over the rank's baseline after start-up."""
 from __future__ import annotations
 
 import ctypes
-import os
 import re
 import resource
 from pathlib import Path
@@ -20,20 +19,6 @@ _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc mallopt parameters
 def _status_bytes(field: str) -> int:
     text = Path("/proc/self/status").read_text()
     return int(re.search(rf"^{field}:\s+(\d+) kB", text, re.MULTILINE).group(1)) * 1024
-
-
-# torch's CPU allocator (c10 alloc_cpu) aligns blocks of 2 MiB and more to 2 MiB and asks the kernel
-# for transparent huge pages when this is set at the process's first allocation.
-HUGE_PAGES = "THP_MEM_ALLOC_ENABLE"
-
-
-def use_huge_pages() -> None:
-    """Large tensors in transparent huge pages, for this process and the ranks it starts (unless the
-    environment says otherwise). Under the CPU cap every large tensor is its own mmap, returned to the
-    OS when freed, so each new one faults its pages in afresh: at 4 KiB a page that page-fault churn
-    was most of a CPU run's time (system time); 2 MiB pages take 512 times fewer faults. Call it before
-    the first tensor is allocated."""
-    os.environ.setdefault(HUGE_PAGES, "1")
 
 
 def apply_budget(budget_gib: float, device: torch.device) -> float:
