@@ -10,14 +10,15 @@ from cpbench.report.plots import write_plots
 from cpbench.results.folder import RunFolder
 
 
-def write_report(output_dir: Path) -> Path:
+def write_report(output_dir: Path, plots: bool = True) -> Path:
     """Render `cp_benchmark.md` and its plots in `output_dir`; rows an earlier run in the folder measured
-    under other settings (another config hash) keep their table but stay out of the plots."""
+    under other settings (another config hash) keep their table but stay out of the plots. Without
+    `plots`, the markdown alone (a launching process that may fork ranks afterwards draws nothing)."""
     folder = RunFolder(output_dir)
     frame, meta = folder.read_results(), folder.read_metadata()
     current = frame
     if meta.get("config_hash") and "config_hash" in frame.columns:
         current = frame[frame["config_hash"] == meta["config_hash"]]
-    plots = write_plots(current, folder.root)
-    folder.write_text(folder.report, render(frame, meta, plots=plots))
+    drawn = write_plots(current, folder.root) if plots else {}
+    folder.write_text(folder.report, render(frame, meta, plots=drawn))
     return folder.report
