@@ -24,6 +24,7 @@ from cpbench.bench import RunSpec, run_rank
 from cpbench.callbacks import CheckOutputDir
 from cpbench.core import ConfigError
 from cpbench.launch import slurm
+from cpbench.launch.baseline import attach_baseline
 from cpbench.launch.local import RankFailure, launch_local
 from cpbench.launch.outcome import close_failed
 from cpbench.probe.state import ProbeState
@@ -97,10 +98,12 @@ def _build_workload(settings: BenchConfig) -> Workload:
         ) from None
 
 
-def run(cfg: DictConfig, in_sweep: bool = False) -> int:
+def run(cfg: DictConfig, in_sweep: bool = False, baseline_root: Path | None = None) -> int:
     """Validate, then run as one rank (torchrun, or cp=1), launch the ranks, or submit them to SLURM.
     Returns the exit code. In a sweep (`in_sweep`) every failure is recorded in failure.json and even
-    cp=1 runs in its own process, so that one job leaves nothing behind in the next."""
+    cp=1 runs in its own process, so that one job leaves nothing behind in the next. A CP run launched
+    here first measures (or finds in the cache under `baseline_root`, default output_dir's parent) its
+    cp=1 baseline."""
     folder = RunFolder(Path(cfg.output_dir).resolve())
     try:
         settings = to_settings(cfg)
@@ -127,6 +130,8 @@ def run(cfg: DictConfig, in_sweep: bool = False) -> int:
     try:
         with folder.lock() if holds_lock else contextlib.nullcontext():
             folder.clear_failure()
+            if holds_lock and not _under_torchrun():
+                attach_baseline(folder, settings, baseline_root or folder.root.parent)
             spec = RunSpec(settings=settings, output_dir=str(folder.root))
             with _signals_end_the_run():
                 return _run(spec, workload, topology.cp, in_sweep)
@@ -247,10 +252,12 @@ def app(cfg: DictConfig) -> None:
         return
     # A multirun: this job writes to its own folder, and its failure is recorded there instead of
     # ending the sweep; the end of the sweep lists it (cpbench.callbacks.MergeSweep).
+    # Every job of the sweep shares one cp=1 baseline, cached beside the sweep folder.
+    baseline_root = Path(cfg.output_dir).resolve().parent
     cfg.output_dir = str(job_dir)
     try:
         with _local_turn(job_dir):
-            code = run(cfg, in_sweep=True)
+            code = run(cfg, in_sweep=True, baseline_root=baseline_root)
         if code >= 128:  # interrupted: the sweep stops too
             raise SystemExit(code)
     except Exception as err:  # a rank of this process raised: record it like any failed job

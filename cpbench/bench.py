@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+import pandas as pd
 import torch
 import torch.distributed as dist
 from hydra.utils import instantiate
@@ -35,9 +36,9 @@ from cpbench.probe.runner import max_fit_row, run_probe, search_config
 from cpbench.probe.search import Trial
 from cpbench.probe.state import ProbeState
 from cpbench.report import metadata
-from cpbench.report.markdown import write_report
+from cpbench.report.single import write_report
 from cpbench.results.folder import RunFolder
-from cpbench.results.row import ResultRow
+from cpbench.results.row import BASELINE, ResultRow
 from cpbench.runtime import logs
 from cpbench.runtime.logs import CONSOLE, LOG
 from cpbench.runtime.rank import pick_backend, rank_runtime
@@ -95,9 +96,16 @@ def hashed_config(settings: BenchConfig) -> str:
     """The settings that decide each point's numbers: not which points (a point's row names its own
     shape), nor where they are written or how loudly. Rows of an equal hash are resumable."""
     container = OmegaConf.to_container(OmegaConf.structured(settings), resolve=True, enum_to_str=True)
-    for key in ("output_dir", "log", "sweep", "probe", "shape", "slurm", "launch"):
+    for key in ("output_dir", "log", "sweep", "probe", "shape", "slurm", "launch", "baseline"):
         container.pop(key, None)
     return metadata.config_hash(OmegaConf.to_yaml(OmegaConf.create(container)))
+
+
+def walltime_points(settings: BenchConfig) -> list[Shape]:
+    """The points a run measures: the feature file's one shape, else the product of the sweep lists."""
+    if settings.data.path:
+        return [load_features(settings.data.path).shape]
+    return sweep_points(settings.shape, settings.sweep)
 
 
 class Bench:
@@ -160,10 +168,7 @@ class Bench:
                 )
         self.runner = self._build_runner()
         self.done = _broadcast(self.folder.done_keys(self.config_hash) if self.lead else None, self.control)
-        if settings.data.path:
-            points = [load_features(settings.data.path).shape]
-        else:
-            points = sweep_points(settings.shape, settings.sweep)
+        points = walltime_points(settings)
         todo = [s for s in points if self.row(s, "point").key not in self.done]
         LOG.info(
             "%s %s on %s cp=%d: %d point(s) to measure -> %s",
@@ -224,6 +229,11 @@ class Bench:
         state = ProbeState(self.folder, self.config_hash) if self.lead else None
         if state is not None and (n := state.resume_in_flight(self.settings.launch.max_restarts)) is not None:
             LOG.warning("probe: N=%d was in flight when the last run stopped: trying it again", n)
+        # The walltime points at the probe's own shapes are trials it need not step again: their
+        # fits and peaks start the ramp and the memory model.
+        if state is not None:
+            tried = {t.n for t in state.trials}
+            state.add_points([t for t in self._point_trials() if t.n not in tried])
         trials = list(_broadcast(state.trials if state else None, self.control))
         # Peaks are absolute (the CPU baseline included): the model's limit is the cap itself.
         budget = self.point_settings.budget
@@ -254,6 +264,22 @@ class Bench:
         row = self.row(shape, "max-fit")
         if self.lead and row.key not in self.done:
             self.folder.in_flight.finish(dataclasses.replace(row, **max_fit_row(best, fail)).as_dict())
+
+    def _point_trials(self) -> list[Trial]:
+        """This configuration's walltime points that fit or ran out of memory, at the probe's shapes."""
+        frame = self.folder.read_results()
+        if frame.empty:
+            return []
+        points = frame[(frame["config_hash"] == self.config_hash) & (frame["kind"] == "point")]
+        if "source" in points.columns:
+            points = points[points["source"] != BASELINE]
+        trials = {}
+        for r in points[points["status"].isin(["ok", "oom"])].itertuples():
+            if self._probe_shape(int(r.N_tokens)) == Shape(int(r.N_tokens), int(r.N_atoms), int(r.MSA_depth)):
+                peak = None if pd.isna(r.peak_mem_gib) else float(r.peak_mem_gib)
+                trials[int(r.N_tokens)] = Trial(n=int(r.N_tokens), fits=r.status == "ok", status=r.status,
+                                                peak_gib=peak, point=True)  # fmt: skip
+        return sorted(trials.values(), key=lambda t: t.n)
 
     def _probe_shape(self, n_tokens: int) -> Shape:
         return resolve_shape(self.settings.shape, n_tokens=n_tokens)

@@ -12,8 +12,9 @@ import pandas as pd
 import pytest
 
 TESTS = Path(__file__).resolve().parent
-# The cheapest workload, unless a test names another (a later override wins).
-BASE = ["workload=axial_mix"]
+# The cheapest workload, unless a test names another (a later override wins); each test measures its
+# own cp alone, without the cp=1 baseline (tests/test_baseline.py turns it on).
+BASE = ["workload=axial_mix", "baseline=false"]
 TIMING = ["timing.warmup=1", "timing.repeats=2", "log.progress=false"]
 FAST = [*TIMING, "probe.enabled=false"]  # walltime points only: tests of the probe turn it on
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import FAST, TESTS, TIMING, cpbench, ok, results
+from conftest import BASE, FAST, TESTS, TIMING, cpbench, ok, results
 
 # A deterministic edge: rank 1 runs out of memory building any batch of N >= 256 (agreed in-process),
 # so the probe's answer is max fit 192, first failure 256, whatever else happens.
@@ -70,7 +70,7 @@ def test_out_of_memory_alone_inside_a_step_does_not_fit(tmp_path):
 
 
 def _start(args: list[str], cwd: Path) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "cpbench", "workload=axial_mix", *args]
+    cmd = [sys.executable, "-m", "cpbench", *BASE, *args]
     env = {**os.environ, "PYTHONPATH": str(TESTS)}
     return subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)  # fmt: skip

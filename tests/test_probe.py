@@ -10,7 +10,7 @@ import time
 
 import pandas as pd
 import pytest
-from conftest import TESTS, TIMING, cpbench, ok, results
+from conftest import BASE, TESTS, TIMING, cpbench, ok, results
 
 PROBE = ["sweep.n_tokens=[16]", "probe.enabled=true", "probe.start=64", "probe.granularity=64", *TIMING]
 
@@ -95,7 +95,7 @@ def test_oom_inside_the_step_restarts_and_resumes(tmp_path):
 
 def test_killed_job_resumes_without_rerunning_finished_n(tmp_path):
     out = tmp_path / "out"
-    args = [sys.executable, "-m", "cpbench", "workload=axial_mix", "topology.cp=2", *PROBE,
+    args = [sys.executable, "-m", "cpbench", *BASE, "topology.cp=2", *PROBE,
             "memory.cpu_budget_gib=1", "probe.measure_at_max=false", f"output_dir={out}"]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(TESTS)}
     job = subprocess.Popen(

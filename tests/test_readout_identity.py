@@ -3,7 +3,7 @@ counted, oversubscription named. Rows are written with the store's own writer.""
 
 from __future__ import annotations
 
-from cpbench.report.markdown import write_report
+from cpbench.report.single import write_report
 from cpbench.results.folder import RunFolder
 
 

@@ -3,7 +3,7 @@ its point in flight recorded, the report written from the rows so far, failure.j
 
 from __future__ import annotations
 
-from cpbench.report.markdown import write_report
+from cpbench.report.single import write_report
 from cpbench.results.folder import RunFolder
 
 
@@ -14,5 +14,7 @@ def close_failed(
     or interrupted: it stays in flight and the next run measures it again."""
     if status == "error":
         folder.in_flight.close(status, error)
-    write_report(folder.root)
+    # No plots here: this is the launching process, and in a sweep it forks the next job's ranks,
+    # which hang after matplotlib has drawn in their parent (tests/test_sweeps.py, a failed job first).
+    write_report(folder.root, plots=False)
     folder.record_failure(code, error, detail, first=first, cp=cp)

@@ -21,6 +21,7 @@ class Trial:
     peak_gib: float | None = None
     seconds: float | None = None
     guided: bool = False  # proposed by the memory model rather than by the ramp or bisection
+    point: bool = False  # a walltime point of the run at the probe's shape, not a probe step
 
 
 @dataclass(frozen=True)
@@ -84,8 +85,8 @@ def next_trial(cfg: SearchConfig, trials: list[Trial]) -> Proposal | None:
         start = max(m, align_down(cfg.start, m))
         return Proposal(min(start, cap) if cap else start, False)
     best, fail = bounds(trials)
-    if fail is None:  # ramp up
-        n = max(align_up(best.n * cfg.factor, m), best.n + m)
+    if fail is None:  # ramp up, never below the start (walltime points may be the first trials)
+        n = max(align_up(best.n * cfg.factor, m), best.n + m, max(m, align_down(cfg.start, m)))
         if cap is not None:
             n = min(n, cap)
         return None if n <= best.n or n in tried else Proposal(n, False)

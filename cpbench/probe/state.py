@@ -66,6 +66,12 @@ class ProbeState:
         self.in_flight, self.interrupted = n, False
         self._save()
 
+    def add_points(self, trials: list[Trial]) -> None:
+        """Walltime points the probe takes as trials (`point=True`), kept in probe.csv beside its own
+        steps; the N in flight stays in flight."""
+        self.trials += trials
+        self._save()
+
     def finish(self, trial: Trial) -> None:
         self.trials.append(trial)
         self.in_flight, self.crashes, self.interrupted = None, 0, False
@@ -81,7 +87,7 @@ class ProbeState:
             "interrupted": self.interrupted,
         }
         self.folder.write_json(self.folder.probe_state, payload)
-        columns = ["n", "fits", "status", "peak_gib", "seconds", "guided"]
+        columns = ["n", "fits", "status", "peak_gib", "seconds", "guided", "point"]
         frame = pd.DataFrame(trials, columns=columns).rename(
             columns={"n": "N_tokens", "peak_gib": "max_peak_gib"}
         )

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
 from cpbench.results.folder import RunFolder
+from cpbench.results.row import BASELINE
 
 # Rows differing in any of these are different experiments: each gets its own tables, plots, readout.
 LIKE_FOR_LIKE = ["workload", "workflow", "dtype"]
@@ -28,7 +28,8 @@ _TABLE = {
 
 _META = [
     ("date", "date"), ("host", "host"), ("device", "device"), ("device_count", "device count"),
-    ("cpu_cores", "CPU cores"), ("backend", "backend"), ("torch", "torch"), ("cuda", "CUDA"),
+    ("cpu_cores", "CPU cores"), ("smt", "SMT (hyper-threads)"), ("backend", "backend"), ("torch", "torch"),
+    ("cuda", "CUDA"),
     ("topology", "topology"), ("cp", "cp"), ("grid", "grid"), ("world_size", "ranks"),
     ("gpu_driver", "GPU driver"), ("sm_clocks_mhz", "SM clocks MHz"), ("clocks_locked", "clocks locked"),
     ("power_limit_w", "power limit W"), ("gpu_processes", "processes on the GPU"),
@@ -155,7 +156,9 @@ def _max_n_sentences(frame: pd.DataFrame) -> list[str]:
             parts.append(f"{r.max_n} at {where} ({r.vs_cp1:.2f}x cp=1; ideal sqrt(cp) = {r.ideal:.2f}x)")
     sentences = ["Largest N_tokens that fits: " + "; ".join(parts) + "."]
     if fits["vs_cp1"].isna().all():
-        sentences.append("No cp=1 baseline was run, so the gain from CP is not known.")
+        sentences.append(
+            "No cp=1 baseline was run, so the gain from CP is not known (baseline=true measures one)."
+        )
     else:
         top = fits[fits["cp"] == fits["cp"].max()].sort_values("vs_cp1").iloc[-1]
         if top.cp > 1:
@@ -189,22 +192,43 @@ def _comm_sentences(frame: pd.DataFrame) -> list[str]:
 
 
 def _speed_sentences(frame: pd.DataFrame) -> list[str]:
-    """Walltime at the largest input measured at both the smallest and the largest CP size."""
+    """Walltime at the largest input measured at both the smallest and the largest CP size, then at
+    every size they share."""
     ok = ok_points(frame)
     if ok["cp"].nunique() < 2:
         return []
     lo, hi = ok["cp"].min(), ok["cp"].max()
     size = ["N_tokens", "N_atoms", "MSA_depth"]
-    common = ok[ok["cp"] == lo][size].merge(ok[ok["cp"] == hi][size]).drop_duplicates()
+    common = ok[ok["cp"] == lo][size].merge(ok[ok["cp"] == hi][size]).drop_duplicates().sort_values(size)
     if common.empty:
         return []
-    n, atoms, msa = common.sort_values(size).iloc[-1]
-    at = ok[(ok["N_tokens"] == n) & (ok["N_atoms"] == atoms) & (ok["MSA_depth"] == msa)]
-    t_lo = at[at["cp"] == lo]["walltime_ms"].median()
-    t_hi = at[at["cp"] == hi]["walltime_ms"].median()
-    ratio = t_lo / t_hi
-    how = f"{ratio:.2f}x faster" if ratio >= 1 else f"{1 / ratio:.2f}x slower"
-    return [f"At N_tokens={n}, walltime is {t_lo:.3g} ms at cp={lo} and {t_hi:.3g} ms at cp={hi} ({how})."]
+
+    def times(n: int, atoms: int, msa: int) -> tuple[float, float, str]:
+        at = ok[(ok["N_tokens"] == n) & (ok["N_atoms"] == atoms) & (ok["MSA_depth"] == msa)]
+        t_lo, t_hi = at[at["cp"] == lo]["walltime_ms"].median(), at[at["cp"] == hi]["walltime_ms"].median()
+        ratio = t_lo / t_hi
+        return t_lo, t_hi, f"{ratio:.2f}x faster" if ratio >= 1 else f"{1 / ratio:.2f}x slower"
+
+    n, atoms, msa = common.iloc[-1]
+    t_lo, t_hi, how = times(n, atoms, msa)
+    sentences = [
+        f"At N_tokens={n}, walltime is {t_lo:.3g} ms at cp={lo} and {t_hi:.3g} ms at cp={hi} ({how})."
+    ]
+    if len(common) > 1:
+        parts = [f"N={r[0]} {times(*r)[2]}" for r in common.itertuples(index=False)]
+        sentences.append(
+            f"At every N_tokens measured at both, cp={hi} against cp={lo}: " + ", ".join(parts) + "."
+        )
+    return sentences
+
+
+def _baseline_sentences(frame: pd.DataFrame) -> list[str]:
+    if "source" not in frame.columns or not (frame["source"] == BASELINE).any():
+        return []
+    return [
+        "The cp=1 rows are this run's baseline (source=baseline): the same workload on one rank under "
+        "the same per-rank memory budget."
+    ]
 
 
 def noisy(frame: pd.DataFrame) -> pd.Series:
@@ -249,7 +273,8 @@ def readout(frame: pd.DataFrame) -> str:
     paragraphs = []
     for key, group in groups:
         sentences = (
-            _max_n_sentences(group)
+            _baseline_sentences(group)
+            + _max_n_sentences(group)
             + _comm_sentences(group)
             + _speed_sentences(group)
             + _noise_sentences(group)
@@ -310,9 +335,20 @@ def _oversubscribed(meta: dict[str, Any]) -> str:
     return ""
 
 
-def render(frame: pd.DataFrame, meta: dict[str, Any], title: str = "cpbench results") -> str:
-    """One run's report. Rows of several configurations (a rerun into the same folder with other
-    settings) each get their own table and readout: they are never compared or mixed."""
+def _plot_lines(plots: dict[str, str]) -> list[str]:
+    return ["", "## Plots", "", *(f"![{alt}]({path})" for alt, path in plots.items())] if plots else []
+
+
+def render(
+    frame: pd.DataFrame,
+    meta: dict[str, Any],
+    title: str = "cpbench results",
+    plots: dict[str, str] | None = None,
+) -> str:
+    """One run's report, with the plots of its current configuration ({alt text: file}). Rows of
+    several configurations (a rerun into the same folder with other settings) each get their own table
+    and readout: they are never compared or mixed."""
+    plots = plots or {}
     lines = [f"# {title}", "", "## Run", "", "| | |", "|---|---|"]
     lines += [f"| {label} | {_fmt(meta.get(key, ''))} |" for key, label in _META if key in meta]
     lines += _budget_sentence(meta)
@@ -322,25 +358,26 @@ def render(frame: pd.DataFrame, meta: dict[str, Any], title: str = "cpbench resu
     configs = list(frame.groupby("config_hash", sort=False)) if "config_hash" in frame.columns else []
     if len(configs) <= 1:
         lines += _rows_table(frame) + _errors(frame)
-        lines += ["", "## Readout", "", readout(frame) + _oversubscribed(meta), ""]
-        return "\n".join(lines)
+        lines += ["", "## Readout", "", readout(frame) + _oversubscribed(meta)]
+        return "\n".join([*lines, *_plot_lines(plots), ""])
     for config, rows in configs:
         seeds = ", ".join(str(s) for s in rows["seed"].unique()) if "seed" in rows else "?"
         current = " (this run's)" if config == meta.get("config_hash") else ""
         lines += [f"### config `{config}`{current}, seed {seeds}", ""]
         lines += _rows_table(rows) + _errors(rows)
         lines += ["", "Readout: " + readout(rows) + (_oversubscribed(meta) if current else ""), ""]
-    return "\n".join(lines)
+    return "\n".join([*lines, *_plot_lines(plots)[1:], ""])
 
 
 def hardware(metas: Sequence[dict[str, Any]]) -> str:
-    """What the numbers were measured on, e.g. `CPU (x86_64, 2 cores), gloo`."""
+    """What the numbers were measured on, e.g. `CPU (Intel(R) Xeon(R) Processor, 2 cores, SMT off), gloo`."""
     seen = []
     for m in metas:
         if not m:
             continue
         if m.get("backend") == "gloo" and m.get("cuda", "none") == "none":
-            label = f"CPU ({m.get('device', '?')}, {m.get('cpu_cores', '?')} cores), gloo"
+            threads = f", SMT {m['smt']}" if m.get("smt") else ""
+            label = f"CPU ({m.get('device', '?')}, {m.get('cpu_cores', '?')} cores{threads}), gloo"
         else:
             label = f"{m.get('device_count', '?')}x {m.get('device', '?')} per node, {m.get('backend', '?')}"
             label += f", CUDA {m['cuda']}" if m.get("cuda") not in (None, "none") else ""
@@ -387,8 +424,7 @@ def render_sweep(
     if failed:
         lines += ["", "### Failed runs", ""]
         lines += [f"- `{j['name']}` (cp={j['cp']}): {j['error']}" for j in failed]
-    if plots:
-        lines += ["", "## Plots", ""] + [f"![{alt}]({path})" for alt, path in plots.items()]
+    lines += _plot_lines(plots)
     for key, group in like_for_like(frame):
         lines += ["", f"## {group_label(key)}", "", "### Readout", "", readout(group)]
         fits = max_fit(group)
@@ -432,10 +468,3 @@ def _walltime_lines(group: pd.DataFrame) -> list[str]:
         lines += ["", "Share of walltime in collectives (median over points): "]
         lines[-1] += ", ".join(f"{r.topology} cp={r.cp}: {r.share:.0%}" for r in shares.itertuples()) + "."
     return lines
-
-
-def write_report(output_dir: Path) -> Path:
-    """Render `cp_benchmark.md` from results.csv and run.json in `output_dir`."""
-    folder = RunFolder(output_dir)
-    folder.write_text(folder.report, render(folder.read_results(), folder.read_metadata()))
-    return folder.report

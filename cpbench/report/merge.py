@@ -17,7 +17,7 @@ import cpbench
 from cpbench.report.markdown import render_sweep
 from cpbench.report.plots import write_plots
 from cpbench.results.folder import RunFolder
-from cpbench.results.row import COLUMNS
+from cpbench.results.row import BASELINE, COLUMNS
 
 # Hydra's job folders (hydra.sweep.subdir = ${hydra.job.num}_cp${topology.cp}); also a job that died
 # before it wrote anything.
@@ -147,6 +147,10 @@ def combine(runs: Sequence[Run]) -> pd.DataFrame:
     if not frames:
         return pd.DataFrame(columns=[*COLUMNS, "run"])
     frame = pd.concat(frames, ignore_index=True)
+    if "source" in frame.columns:  # every CP job of a sweep carries the one cp=1 baseline: keep it once
+        same = [c for c in frame.columns if c not in ("config_hash", "run")]
+        copies = (frame["source"] == BASELINE) & frame.duplicated(subset=same)
+        frame = frame[~copies].reset_index(drop=True)
     extras = [c for c in frame.columns if c not in COLUMNS and c != "run"]
     return frame[[c for c in COLUMNS if c in frame.columns] + extras + ["run"]]
 

@@ -6,6 +6,7 @@ import datetime as dt
 import hashlib
 import os
 import platform
+import re
 import socket
 import subprocess
 from pathlib import Path
@@ -42,10 +43,45 @@ def now() -> str:
     return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
+def cpu_model(cpuinfo: str | None = None) -> str:
+    """The CPU's marketing name from /proc/cpuinfo ("model name"; "Model" or "Hardware" on some ARM
+    machines); the architecture where none is given."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            cpuinfo = ""
+    for field in ("model name", "Model", "Hardware"):
+        for line in cpuinfo.splitlines():
+            name, _, value = line.partition(":")
+            if name.strip() == field and value.strip():
+                return " ".join(value.split())
+    return platform.processor() or platform.machine()
+
+
+def smt(active_file: Path = Path("/sys/devices/system/cpu/smt/active"), cpuinfo: str | None = None) -> str:
+    """Whether the cores run two hardware threads each ("on" / "off"): the kernel's own flag, else
+    "siblings" against "cpu cores" in /proc/cpuinfo; "unknown" where neither is there."""
+    try:
+        return "on" if active_file.read_text().strip() == "1" else "off"
+    except OSError:
+        pass
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return "unknown"
+    siblings = re.search(r"^siblings\s*:\s*(\d+)", cpuinfo, re.MULTILINE)
+    cores = re.search(r"^cpu cores\s*:\s*(\d+)", cpuinfo, re.MULTILINE)
+    if not (siblings and cores):
+        return "unknown"
+    return "on" if int(siblings.group(1)) > int(cores.group(1)) else "off"
+
+
 def _device_model(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    return platform.processor() or platform.machine()
+    return cpu_model()
 
 
 def collect(
@@ -68,6 +104,7 @@ def collect(
         "device": _device_model(device),
         "device_count": devices,
         "cpu_cores": os.cpu_count(),
+        "smt": smt(),
         "backend": backend,
         "torch": torch.__version__,
         "cuda": torch.version.cuda or "none",

@@ -46,10 +46,13 @@ def plot_max_n(frame: pd.DataFrame, path: Path) -> Path | None:
         return None
     fig, axes = _panels(len(groups))
     for ax, (key, fits) in zip(axes, groups, strict=True):
+        base = fits.loc[fits["cp"] == 1, "max_n"].max()
         for topology, series in fits.groupby("topology"):
             series = series.sort_values("cp")
-            ax.plot(series["cp"], series["max_n"], marker="o", label=f"{topology}: measured")
-        base = fits.loc[fits["cp"] == 1, "max_n"].max()
+            cps, max_n = list(series["cp"]), list(series["max_n"])
+            if pd.notna(base) and cps[0] != 1:  # cp=1 is every topology's start (one rank shards nothing)
+                cps, max_n = [1, *cps], [base, *max_n]
+            ax.plot(cps, max_n, marker="o", label=f"{topology}: measured")
         cps = sorted(set(fits["cp"]))
         if pd.notna(base):
             xs = [2 ** (i / 8) for i in range(int(8 * math.log2(max(cps))) + 1)]

@@ -19,7 +19,7 @@ from typing import Any
 import pandas as pd
 
 from cpbench.core import ConfigError
-from cpbench.results.row import point_key
+from cpbench.results.row import BASELINE, COLUMNS, point_key
 from cpbench.results.store import append_rows, read_results, write_atomically
 
 
@@ -184,12 +184,25 @@ class RunFolder:
     def append_comm_ops(self, rows: Sequence[Mapping[str, Any]]) -> None:
         append_rows(self.comm_ops, list(rows), [])
 
+    def set_baseline(self, rows: pd.DataFrame, config_hash: str) -> None:
+        """Put the cp=1 baseline's rows (source=baseline) for `config_hash` in results.csv, in place of
+        any it held: a rerun copies them again, never twice."""
+        frame = self.read_results()
+        if not frame.empty and "source" in frame.columns:
+            frame = frame[~((frame["source"] == BASELINE) & (frame["config_hash"] == config_hash))]
+        frame = pd.concat([f for f in (frame, rows) if not f.empty], ignore_index=True)
+        columns = COLUMNS + [c for c in frame.columns if c not in COLUMNS]
+        write_atomically(self.results, frame.reindex(columns=columns).to_csv(index=False))
+
     def done_keys(self, config_hash: str) -> set[str]:
-        """Points of this configuration that already have a row, whatever their status."""
+        """Points of this configuration that already have a row, whatever their status (the cp=1
+        baseline's rows beside them are not its points)."""
         frame = self.read_results()
         if frame.empty or "config_hash" not in frame.columns:
             return set()
         mine = frame[frame["config_hash"] == config_hash]
+        if "source" in mine.columns:
+            mine = mine[mine["source"] != BASELINE]
         return {point_key(r.kind, r.N_tokens, r.N_atoms, r.MSA_depth) for r in mine.itertuples()}
 
     def read_metadata(self) -> dict[str, Any]:

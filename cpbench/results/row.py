@@ -45,6 +45,9 @@ class ResultRow:
     budget_gib: float | None = None
     baseline_gib: float | None = None
     error: str = ""
+    # "" for a row this run measured; "baseline" for a row of the cp=1 baseline copied in beside it
+    # (cpbench/launch/baseline.py): never resumed as this run's point, compared against in the readout.
+    source: str = ""
     # Settings a workload records in each of its rows (its optional `columns` hook), after these.
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -61,6 +64,8 @@ def point_key(kind: str, n_tokens: int, n_atoms: int, msa_depth: int) -> str:
     """Rows with the same key (and config hash) are the same point: a rerun skips it."""
     return f"{kind}:{n_tokens}:{n_atoms}:{msa_depth}"
 
+
+BASELINE = "baseline"  # the `source` of a cp=1 baseline row
 
 _FIELDS = [f for f in dataclasses.fields(ResultRow) if f.name != "extra"]
 COLUMNS: list[str] = [f.name for f in _FIELDS]

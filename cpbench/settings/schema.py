@@ -144,6 +144,9 @@ class BenchConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     log: LogConfig = field(default_factory=LogConfig)
     seed: int = 0
+    # Measure the same workload at cp=1 under the same per-rank budget beside a CP run, cached by
+    # config in cpbench_baseline/ beside output_dir (cpbench/launch/baseline.py).
+    baseline: bool = True
     output_dir: str = MISSING
 
 

@@ -1,0 +1,109 @@
+"""The cp=1 baseline beside a CP run: the same workload on one rank under the same per-rank budget,
+so the readout can say how much larger an input CP fits and at what walltime cost.
+
+It runs once per configuration in a cache folder, `cpbench_baseline/<key>/` beside the run's
+`output_dir` (in its parent folder), a run folder of its own; the key hashes every setting that changes
+the cp=1 answer (workload, workflow, dtype, shapes and sweep, probe, timing, memory, seed, ...) and
+none that does not (topology, output_dir, logging, launch, SLURM). A later run with other CP sizes,
+and every job of a CP sweep, reuse it. Its rows are copied into the run's results.csv with
+`source=baseline`."""
+
+from __future__ import annotations
+
+import copy
+import sys
+from pathlib import Path
+
+import pandas as pd
+from omegaconf import OmegaConf
+
+from cpbench.bench import RunSpec, hashed_config, walltime_points
+from cpbench.launch.local import RankFailure, launch_local
+from cpbench.launch.outcome import close_failed
+from cpbench.report import metadata
+from cpbench.results.folder import RunFolder
+from cpbench.results.row import BASELINE, point_key
+from cpbench.settings.schema import BenchConfig
+
+CACHE = "cpbench_baseline"
+# Settings that do not change the cp=1 answer: where and how loudly it is written, how it is launched.
+_NOT_IN_KEY = ("topology", "output_dir", "log", "launch", "slurm", "baseline")
+
+
+def plan(settings: BenchConfig) -> BenchConfig | None:
+    """The baseline's settings (the run's own on one 1d rank), or None when the run has none: off, the
+    run is itself cp=1, or its ranks are not launched here (SLURM)."""
+    if not settings.baseline or settings.topology.cp == 1 or settings.slurm.enabled:
+        return None
+    base = copy.deepcopy(settings)
+    base.topology.kind, base.topology.cp, base.topology.grid = "1d", 1, None
+    base.baseline = False
+    return base
+
+
+def cache_key(settings: BenchConfig) -> str:
+    """The hash of every setting that changes the cp=1 answer."""
+    container = OmegaConf.to_container(OmegaConf.structured(settings), resolve=True, enum_to_str=True)
+    for key in _NOT_IN_KEY:
+        container.pop(key, None)
+    return metadata.config_hash(OmegaConf.to_yaml(OmegaConf.create(container)))
+
+
+def cache_folder(settings: BenchConfig, root: Path) -> RunFolder:
+    """Where the baseline of `settings` lives: `<root>/cpbench_baseline/<key>` (root: the parent of
+    the run's output_dir)."""
+    return RunFolder(Path(root) / CACHE / cache_key(settings))
+
+
+def _complete(folder: RunFolder, base: BenchConfig) -> bool:
+    """Every walltime point has a row, the probe (when on) its max-fit row, and the run did not fail."""
+    if folder.read_failure() is not None:
+        return False
+    done = folder.done_keys(hashed_config(base))
+    points = walltime_points(base)
+    if any(point_key("point", s.n_tokens, s.n_atoms, s.msa_depth) not in done for s in points):
+        return False
+    return not base.probe.enabled or any(key.startswith("max-fit:") for key in done)
+
+
+def run_baseline(settings: BenchConfig, root: Path) -> RunFolder | None:
+    """Measure the baseline of `settings` in its cache folder unless it is there already (a run that
+    stopped part-way resumes), as one rank in its own process; return its folder, or None when the
+    run has no baseline or it failed (the CP run goes on without it)."""
+    base = plan(settings)
+    if base is None:
+        return None
+    folder = cache_folder(settings, root)
+    if _complete(folder, base):
+        print(f"cpbench: cp=1 baseline from the cache: {folder.root}", file=sys.stderr)
+        return folder
+    print(f"cpbench: measuring the cp=1 baseline first -> {folder.root}", file=sys.stderr)
+    with folder.lock():
+        folder.clear_failure()
+        try:
+            launch_local(RunSpec(settings=base, output_dir=str(folder.root)), 1, base.launch.max_restarts)
+        except RankFailure as failure:
+            close_failed(folder, 1, "crashed" if failure.crashed else "error", str(failure))
+            print(f"cpbench: the cp=1 baseline failed ({failure}); going on without it", file=sys.stderr)
+            return None
+    return folder
+
+
+def baseline_rows(folder: RunFolder, settings: BenchConfig) -> pd.DataFrame:
+    """The baseline's rows for a run of `settings`: those of its configuration, marked
+    `source=baseline` and carrying the run's config hash (they belong to its report)."""
+    base = plan(settings)
+    frame = folder.read_results()
+    if base is None or frame.empty:
+        return frame.iloc[0:0]
+    rows = frame[frame["config_hash"] == hashed_config(base)].copy()
+    return rows.assign(source=BASELINE, config_hash=hashed_config(settings))
+
+
+def attach_baseline(run: RunFolder, settings: BenchConfig, root: Path) -> RunFolder | None:
+    """Run (or find) the baseline of `settings` and put its rows into `run`'s results.csv, replacing
+    any it held; the baseline's folder, or None."""
+    folder = run_baseline(settings, root)
+    if folder is not None:
+        run.set_baseline(baseline_rows(folder, settings), hashed_config(settings))
+    return folder

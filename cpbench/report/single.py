@@ -1,0 +1,24 @@
+"""One run folder's report: cp_benchmark.md from results.csv and run.json, with the plots of the run's
+current configuration beside it (the merge of many runs is merge.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from cpbench.report.markdown import render
+from cpbench.report.plots import write_plots
+from cpbench.results.folder import RunFolder
+
+
+def write_report(output_dir: Path, plots: bool = True) -> Path:
+    """Render `cp_benchmark.md` and its plots in `output_dir`; rows an earlier run in the folder measured
+    under other settings (another config hash) keep their table but stay out of the plots. Without
+    `plots`, the markdown alone (a launching process that may fork ranks afterwards draws nothing)."""
+    folder = RunFolder(output_dir)
+    frame, meta = folder.read_results(), folder.read_metadata()
+    current = frame
+    if meta.get("config_hash") and "config_hash" in frame.columns:
+        current = frame[frame["config_hash"] == meta["config_hash"]]
+    drawn = write_plots(current, folder.root) if plots else {}
+    folder.write_text(folder.report, render(frame, meta, plots=drawn))
+    return folder.report

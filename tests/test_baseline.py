@@ -1,0 +1,97 @@
+"""The cp=1 baseline beside a CP run (cpbench/launch/baseline.py): planned by default, measured once
+per configuration in the cache beside output_dir, its rows in the run's results.csv and readout."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from conftest import TIMING, cpbench, ok, results
+from hydra import compose, initialize_config_module
+from omegaconf import OmegaConf
+
+from cpbench.launch.baseline import CACHE, cache_key, plan
+from cpbench.results.row import BASELINE
+from cpbench.settings.schema import register
+
+# A small probe bounded by max_tokens, so both CP sizes end at a known N without filling the machine.
+RUN = ["baseline=true", "sweep.n_tokens=[16,32]", "probe.enabled=true", "probe.start=32",
+       "probe.granularity=16", "probe.max_tokens=64", "probe.measure_at_max=false", *TIMING]  # fmt: skip
+
+
+def settings(*overrides: str):
+    register()
+    with initialize_config_module("cpbench.configs", version_base="1.3"):
+        return OmegaConf.to_object(compose("config", ["output_dir=out", *overrides]))
+
+
+def test_the_default_run_plans_its_baseline():
+    default = settings()
+    base = plan(default)
+    assert default.baseline and default.topology.cp == 2
+    assert base is not None and (base.topology.kind, base.topology.cp, base.topology.grid) == ("1d", 1, None)
+    assert base.memory == default.memory and base.sweep == default.sweep and base.probe == default.probe
+    assert plan(settings("baseline=false")) is None
+    assert plan(settings("topology.cp=1")) is None  # a cp=1 run is its own baseline
+
+
+def test_the_cache_key_holds_what_changes_the_cp1_answer_and_nothing_else():
+    key = cache_key(settings())
+    for same in ("topology.cp=4", "topology.kind=2d", "output_dir=elsewhere", "log.progress=false"):
+        assert cache_key(settings(same)) == key, same
+    for other in ("workload=axial_mix", "workflow=training", "dtype=bfloat16", "sweep.n_tokens=[64]",
+                  "shape.msa_depth=8", "probe.start=128", "memory.cpu_budget_gib=2", "timing.repeats=3",
+                  "seed=1"):  # fmt: skip
+        assert cache_key(settings(other)) != key, other
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """One cp=2 run with its baseline, then a cp=4 run beside it that finds the baseline cached."""
+    root = tmp_path_factory.mktemp("baseline")
+    first = ok(cpbench("topology.cp=2", *RUN, f"output_dir={root / 'cp2'}", cwd=root, timeout=300))
+    cache = next((root / CACHE).iterdir())
+    stamp = (cache / "results.csv").stat().st_mtime_ns
+    second = ok(cpbench("topology.cp=4", *RUN, f"output_dir={root / 'cp4'}", cwd=root, timeout=300))
+    return root, cache, stamp, first, second
+
+
+def test_a_cp_run_writes_its_rows_and_the_baseline_rows(runs):
+    root, cache, _, first, _ = runs
+    assert "measuring the cp=1 baseline first" in first.stderr
+    frame = results(root / "cp2")
+    base = frame[frame["source"] == BASELINE]
+    mine = frame[frame["source"] != BASELINE]
+    assert set(base["cp"]) == {1} and set(mine["cp"]) == {2}
+    for rows in (base, mine):
+        assert sorted(rows.loc[rows["kind"] == "point", "N_tokens"]) == [16, 32]
+        assert (rows.loc[rows["kind"] == "max-fit", "N_tokens"] == 64).all()
+        assert (rows["status"] == "ok").all()
+    # The baseline's rows are the cache's own measurements, carried under this run's config hash.
+    cached = results(cache)
+    assert base["walltime_ms"].reset_index(drop=True).equals(cached["walltime_ms"])
+    assert base["config_hash"].nunique() == 1 and set(base["config_hash"]) == set(mine["config_hash"])
+
+
+def test_the_readout_compares_max_n_and_walltime_against_cp1(runs):
+    text = (runs[0] / "cp2" / "cp_benchmark.md").read_text()
+    assert "The cp=1 rows are this run's baseline" in text
+    assert "64 at cp=1; 64 at cp=2 (1.00x cp=1; ideal sqrt(cp) = 1.41x)." in text
+    assert re.search(r"At every N_tokens measured at both, cp=2 against cp=1: N=16 [\d.]+x \w+, N=32", text)
+
+
+def test_the_report_links_plots_that_exist(runs):
+    out = runs[0] / "cp2"
+    links = re.findall(r"!\[[^]]+\]\(([^)]+)\)", (out / "cp_benchmark.md").read_text())
+    assert set(links) == {"cp_benchmark_max_n.png", "cp_benchmark_walltime.png"}
+    for link in links:
+        assert (out / link).read_bytes().startswith(b"\x89PNG")
+
+
+def test_a_later_run_at_another_cp_reuses_the_cached_baseline(runs):
+    root, cache, stamp, _, second = runs
+    assert f"cp=1 baseline from the cache: {cache}" in second.stderr
+    assert (cache / "results.csv").stat().st_mtime_ns == stamp  # not measured again
+    frame = results(root / "cp4")
+    assert set(frame.loc[frame["source"] == BASELINE, "cp"]) == {1}
+    assert "1.00x cp=1; ideal sqrt(cp) = 2.00x" in (root / "cp4" / "cp_benchmark.md").read_text()
