@@ -6,7 +6,7 @@ import dataclasses
 import itertools
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import Any
 
@@ -24,8 +24,10 @@ from cpbench.measure.fault import Fault
 from cpbench.measure.memory import release
 from cpbench.measure.point import Budget, OutOfMemoryAlone, PointResult, PointSettings, measure_point
 from cpbench.measure.step import StepRunner
+from cpbench.plan.budget import Plan, Step, fit_budget
+from cpbench.plan.changes import budget_rows
 from cpbench.probe.runner import max_fit_row, run_probe, search_config
-from cpbench.probe.search import Trial
+from cpbench.probe.search import SearchConfig, Trial
 from cpbench.probe.state import ProbeState
 from cpbench.report import metadata
 from cpbench.report.markdown import write_report
@@ -46,6 +48,8 @@ class RunSpec:
 
     settings: BenchConfig
     output_dir: str
+    # The what-changed table (`cpbench.plan.changes`), made before launch; rank 0 records it in run.json.
+    what_changed: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def topology(self) -> Topology:
@@ -65,7 +69,9 @@ def run_rank(spec: RunSpec, workload: Workload | None = None) -> None:
         folder = RunFolder(_broadcast(spec.output_dir, control))  # rank 0 decides, the others follow
         logs.setup(ctx.rank, settings.log.all_ranks, folder.rank_log(ctx.rank))
         try:
-            Bench(settings, ctx, control, folder, workload or instantiate(settings.workload)).run()
+            bench = Bench(settings, ctx, control, folder, workload or instantiate(settings.workload))
+            bench.what_changed = spec.what_changed
+            bench.run()
         except Exception as err:
             # Record the root cause before teardown: once this rank leaves, its peers fail too, and
             # the launcher must be able to tell which rank failed first and why.
@@ -88,7 +94,7 @@ def hashed_config(settings: BenchConfig) -> str:
     """The settings that decide each point's numbers: not which points (a point's row names its own
     shape), nor where they are written or how loudly. Rows of an equal hash are resumable."""
     container = OmegaConf.to_container(OmegaConf.structured(settings), resolve=True, enum_to_str=True)
-    for key in ("output_dir", "log", "sweep", "probe", "shape", "slurm", "launch"):
+    for key in ("output_dir", "log", "sweep", "probe", "shape", "slurm", "launch", "budget", "job"):
         container.pop(key, None)
     return metadata.config_hash(OmegaConf.to_yaml(OmegaConf.create(container)))
 
@@ -123,6 +129,7 @@ class Bench:
         )
         self.runner: StepRunner | None = None
         self.done: set[str] = set()
+        self.what_changed: list[dict[str, Any]] = []
 
     def run(self) -> None:
         with self.heartbeat:
@@ -143,7 +150,7 @@ class Bench:
             )
             budget = self.point_settings.budget
             meta.update(seed=settings.seed, budget_gib=budget and budget.gib)
-            meta.update(baseline_gib=budget and budget.baseline_gib)
+            meta.update(baseline_gib=budget and budget.baseline_gib, what_changed=self.what_changed)
             self.folder.write_metadata(meta)
             if meta["ranks_per_device"] > 1:
                 LOG.warning(
@@ -157,6 +164,9 @@ class Bench:
         else:
             points = sweep_points(settings.shape, settings.sweep)
         todo = [s for s in points if self.row(s, "point").key not in self.done]
+        todo, warmed = self._fit_budget(todo)
+        if todo is None:
+            return
         LOG.info(
             "%s %s on %s cp=%d: %d point(s) to measure -> %s",
             self.workload_name,
@@ -176,8 +186,8 @@ class Bench:
             transient=True,
         ) as bar:
             task = bar.add_task("points", total=len(todo))
-            for shape in todo:
-                self.measure(shape)
+            for i, shape in enumerate(todo):
+                self.measure(shape, warmed=i == 0 and warmed)
                 bar.advance(task)
         if settings.probe.enabled:
             self.probe()
@@ -185,6 +195,49 @@ class Bench:
             # When it ended, so that a merge can tell runs that overlapped on one host.
             self.folder.write_metadata({**self.folder.read_metadata(), "finished": metadata.now()})
             LOG.info("report: %s", write_report(self.folder.root))
+
+    def _fit_budget(self, todo: list[Shape]) -> tuple[list[Shape] | None, bool]:
+        """Time one step (the first point's second warm-up step: the first carries one-off costs),
+        estimate the plan from it and trim the plan to budget.minutes (`cpbench.plan.budget`), before
+        the long work. Returns the points to measure (None: refused, nothing runs) and whether the first
+        point's first two warm-up steps are done."""
+        settings, b = self.settings, self.settings.budget
+        search = self._search() if settings.probe.enabled else None
+        first = todo[0] if todo else (self._probe_shape(search.start) if search else None)
+        if b.minutes is None or first is None:
+            return todo, False
+        self.heartbeat.now(f"budget: timing one step at N={first.n_tokens}")
+        result = self._measure(first, replace(self.point_settings, warmup=1, repeats=1))
+        if result.status != "ok":
+            LOG.warning("budget: the first step at N=%d did not fit: no estimate, the plan runs as set",
+                        first.n_tokens)  # fmt: skip
+            return todo, False
+        budget = self.point_settings.budget
+        baseline = budget.baseline_gib if budget else 0.0
+        step = Step(first.n_tokens, result.walltime_ms / 1e3, result.peak_mem_gib, baseline)
+        plan = Plan(tuple(todo), self.point_settings.warmup, self.point_settings.repeats, search,
+                    settings.probe.measure_at_max)  # fmt: skip
+        verdict = fit_budget(plan, step, b.minutes, b.min_repeats) if self.lead else None
+        verdict = _broadcast(verdict, self.control)
+        line = verdict.summary(b.minutes, step)
+        if self.lead:
+            LOG.info("%s", line)
+            for cut in verdict.cuts:
+                LOG.warning("budget: cut %s", cut)
+            record = {"line": line, "cuts": list(verdict.cuts), "refusal": verdict.refusal}
+            meta = self.folder.read_metadata()
+            cut_rows = [r.as_dict() for r in budget_rows(verdict.cuts)]
+            meta["what_changed"] = meta.get("what_changed", []) + cut_rows
+            self.folder.write_metadata({**meta, "time_budget": record})
+        if verdict.refusal:
+            return None, False
+        trimmed = verdict.plan
+        self.point_settings = replace(self.point_settings, repeats=trimmed.repeats)
+        if trimmed.probe is not None:
+            probe = replace(settings.probe, granularity=trimmed.probe.granularity)
+            self.settings = replace(settings, probe=probe)
+        # Shapes compare by value: every rank reaches the same answer from rank 0's broadcast verdict.
+        return list(trimmed.points), bool(trimmed.points) and trimmed.points[0] == first
 
     def _build_runner(self) -> StepRunner:
         """The model (its weights from the seed) and the step around it."""
@@ -217,10 +270,7 @@ class Bench:
         if state is not None and (n := state.resume_in_flight(self.settings.launch.max_restarts)) is not None:
             LOG.warning("probe: N=%d was in flight when the last run stopped: trying it again", n)
         trials = list(_broadcast(state.trials if state else None, self.control))
-        # Peaks are absolute (the CPU baseline included): the model's limit is the cap itself.
-        budget = self.point_settings.budget
-        limit = _broadcast(budget.gib + budget.baseline_gib, self.control) if budget else None
-        search = search_config(self.settings.probe, self.ctx.topology, limit)
+        search = self._search()
         one_step = self.point_settings.single_step()
 
         steps = itertools.count(len(trials) + 1)
@@ -247,15 +297,24 @@ class Bench:
         if self.lead and row.key not in self.done:
             self.folder.in_flight.finish(dataclasses.replace(row, **max_fit_row(best, fail)).as_dict())
 
+    def _search(self) -> SearchConfig:
+        """The probe's search. Peaks are absolute (the CPU baseline included): its limit is the cap."""
+        budget = self.point_settings.budget
+        limit = _broadcast(budget.gib + budget.baseline_gib, self.control) if budget else None
+        return search_config(self.settings.probe, self.ctx.topology, limit)
+
     def _probe_shape(self, n_tokens: int) -> Shape:
         return resolve_shape(self.settings.shape, n_tokens=n_tokens)
 
-    def measure(self, shape: Shape) -> PointResult:
+    def measure(self, shape: Shape, warmed: bool = False) -> PointResult:
+        """A walltime point; `warmed`: its first two warm-up steps already ran (the budget's)."""
         row = self.row(shape, "point")
         if self.lead:
             self.folder.in_flight.start(row.as_dict())
         ps = self.point_settings
         self.heartbeat.now(f"N={shape.n_tokens}: {ps.warmup} warm-up and {ps.repeats} timed step(s)")
+        if warmed:
+            ps = replace(ps, warmup=max(0, ps.warmup - 2))
         result = self._measure(shape, ps)
         if self.lead:
             if result.comm_ops:
@@ -276,7 +335,7 @@ class Bench:
             workload=self.workload_name, workflow=settings.workflow.value, topology=topology.kind.value,
             cp=topology.cp, grid=topology.grid_label, N_tokens=shape.n_tokens, N_atoms=shape.n_atoms,
             MSA_depth=shape.msa_depth, dtype=settings.dtype.value, kind=kind,
-            warmup=settings.timing.warmup, repeats=settings.timing.repeats, seed=settings.seed,
+            warmup=settings.timing.warmup, repeats=self.point_settings.repeats, seed=settings.seed,
             config_hash=self.config_hash, extra=dict(columns(self.train)) if callable(columns) else {},
             budget_gib=budget.gib if (budget := self.point_settings.budget) else None,
             baseline_gib=budget.baseline_gib if budget else None,
