@@ -207,6 +207,8 @@ class Bench:
         if b.minutes is None or first is None:
             return todo, False
         self.heartbeat.now(f"budget: timing one step at N={first.n_tokens}")
+        if self.lead and todo:  # the first point's own warm-up: a crash in it is that point's
+            self.folder.in_flight.start(self.row(first, "point").as_dict())
         result = self._measure(first, replace(self.point_settings, warmup=1, repeats=1))
         if result.status != "ok":
             LOG.warning("budget: the first step at N=%d did not fit: no estimate, the plan runs as set",

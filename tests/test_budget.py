@@ -16,7 +16,7 @@ def _points(*ns: int) -> tuple[Shape, ...]:
 
 
 STEP = Step(n=64, seconds=1.0)  # 1 s at N=64, 4 s at N=128, 16 s at N=256
-PLAN = Plan(points=_points(64, 128, 256), warmup=3, repeats=5)  # 8 steps a point: 8 + 32 + 128 = 168 s
+PLAN = Plan(points=_points(64, 128, 256), warmup=3, repeats=5)  # 8 steps a point: 8 x 21 = 168 s
 
 
 def test_the_estimate_scales_the_step_by_n_squared():
@@ -26,11 +26,13 @@ def test_the_estimate_scales_the_step_by_n_squared():
 def test_within_budget_nothing_is_cut():
     verdict = fit_budget(PLAN, STEP, minutes=3, min_repeats=3)
     assert verdict.plan == PLAN and verdict.cuts == () and verdict.refusal is None
-    assert verdict.summary(3, STEP).startswith("plan: 3 point(s) x (3 warm-up + 5 repeats) x ~1 s at N=64")
+    assert verdict.summary(3, STEP) == (
+        "plan: 3 point(s) x (3 warm-up + 5 repeats) x ~1 s at N=64 (x (N/64)^2) = ~2.8 min, budget 3 min"
+    )
 
 
 def test_a_budget_too_small_trims_repeats_first_and_lists_it():
-    # 7 steps a point: 7 x (1 + 4 + 16) = 147 s; 2.5 min = 150 s fits with 4 repeats.
+    # 7 steps a point: 7 x 21 = 147 s; 2.5 min = 150 s fits with 4 repeats.
     verdict = fit_budget(PLAN, STEP, minutes=2.5, min_repeats=3)
     assert verdict.plan.repeats == 4 and verdict.plan.points == PLAN.points
     assert verdict.cuts == ("timing.repeats 5 -> 4 (the floor is budget.min_repeats=3)",)
@@ -63,9 +65,13 @@ def test_a_coarser_probe_granularity_is_the_last_cut():
 
 
 def test_a_plan_that_cannot_fit_without_changing_the_job_is_refused():
-    verdict = fit_budget(PLAN, STEP, minutes=0.5, min_repeats=3)  # the least plan needs 96 s
+    verdict = fit_budget(PLAN, STEP, minutes=1.5, min_repeats=3)  # the least plan needs 96 s
     assert verdict.plan == PLAN
-    assert verdict.refusal.startswith("budget.minutes=0.5: even trimmed to the least the job allows")
+    assert verdict.refusal == (
+        "budget.minutes=1.5: even trimmed to the least the job allows (1 point(s) x (3 warm-up + 3 repeats) "
+        "x ~1 s at N=64 (x (N/64)^2) = ~1.6 min, budget 1.5 min) the plan does not fit; nothing run (raise "
+        "budget.minutes, or budget.minutes=null to run it all)"
+    )
     assert "nothing run" in verdict.refusal
 
 

@@ -97,6 +97,6 @@ def test_the_report_estimates_the_real_jobs_step_from_the_measured_one():
                dtype="float32", topology="1d", cp=2, grid="2x1")  # fmt: skip
     frame = pd.DataFrame([row])
     text = render(frame, {"what_changed": rows})
-    assert "\\n".join(what_changed_lines(rows)) in text
+    assert "\n".join(what_changed_lines(rows)) in text
     assert "at N_tokens=64 at most 50x the measured 100 ms, i.e. up to 5 s" in text
     assert "the real job's sampling time alone is not measured" in text

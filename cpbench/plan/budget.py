@@ -1,12 +1,15 @@
 """The time budget of a run, as a pure function of its plan, one measured step and the budget.
 
-The estimate: a step at N costs the measured step's time scaled by (N / N_measured)^2 (the pair
-representation's size); every walltime point runs its warm-up and timed steps; the probe's steps are
-the search of `cpbench.probe.search` run against a peak memory scaled the same way from the measured
-step, then the full measurement at the N it predicts. Over budget, only what a benchmark may trim is
-cut, in this order: repeats down to `budget.min_repeats`, sweep points (never the largest N, never
-the N of a point kept), the probe's granularity (doubled up to its start N). The job's shape (model,
-N, precision, CP size) is never changed: a plan that cannot fit without it is refused.
+The estimate: a step at N costs the measured step's time scaled by (N / N_measured)^2, the size of the
+pair representation (docs/budget.md compares it with measured steps: close at the N a CPU runs; where
+the cubic triangle updates dominate, at large N, it comes out low); every walltime point runs its
+warm-up and timed steps; the probe's steps are the search of `cpbench.probe.search` run against a peak
+memory scaled the same way from the measured step's, then the full measurement at the N it predicts.
+
+Over budget, only what a benchmark may trim is cut, in this order: repeats down to
+`budget.min_repeats`, sweep points (never the largest N, never the N of a point kept), the probe's
+granularity (doubled up to its start N). The job's shape (model, N, precision, CP size) is never
+changed: a plan that cannot fit without it is refused.
 """
 
 from __future__ import annotations
