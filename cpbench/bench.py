@@ -6,6 +6,7 @@ import dataclasses
 import itertools
 import logging
 import os
+import time
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import Any
@@ -130,6 +131,7 @@ class Bench:
         self.runner: StepRunner | None = None
         self.done: set[str] = set()
         self.what_changed: list[dict[str, Any]] = []
+        self.planned_at: float | None = None  # when the budget's timed step started
 
     def run(self) -> None:
         with self.heartbeat:
@@ -193,7 +195,10 @@ class Bench:
             self.probe()
         if self.lead:
             # When it ended, so that a merge can tell runs that overlapped on one host.
-            self.folder.write_metadata({**self.folder.read_metadata(), "finished": metadata.now()})
+            meta = {**self.folder.read_metadata(), "finished": metadata.now()}
+            if meta.get("time_budget") and self.planned_at is not None:  # the estimate's error, shown
+                meta["time_budget"]["took_s"] = time.perf_counter() - self.planned_at
+            self.folder.write_metadata(meta)
             LOG.info("report: %s", write_report(self.folder.root))
 
     def _fit_budget(self, todo: list[Shape]) -> tuple[list[Shape] | None, bool]:
@@ -207,6 +212,7 @@ class Bench:
         if b.minutes is None or first is None:
             return todo, False
         self.heartbeat.now(f"budget: timing one step at N={first.n_tokens}")
+        self.planned_at = time.perf_counter()
         if self.lead and todo:  # the first point's own warm-up: a crash in it is that point's
             self.folder.in_flight.start(self.row(first, "point").as_dict())
         result = self._measure(first, replace(self.point_settings, warmup=1, repeats=1))

@@ -12,8 +12,9 @@ import pandas as pd
 import pytest
 
 TESTS = Path(__file__).resolve().parent
-# The cheapest workload, unless a test names another (a later override wins).
-BASE = ["workload=axial_mix"]
+# The cheapest workload, unless a test names another (a later override wins). No time budget: a test
+# run is no benchmark, and its step count stays what the test sets (tests/test_budget.py sets one).
+BASE = ["workload=axial_mix", "budget.minutes=null"]
 TIMING = ["timing.warmup=1", "timing.repeats=2", "log.progress=false"]
 FAST = [*TIMING, "probe.enabled=false"]  # walltime points only: tests of the probe turn it on
 

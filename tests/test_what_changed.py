@@ -100,3 +100,13 @@ def test_the_report_estimates_the_real_jobs_step_from_the_measured_one():
     assert "\n".join(what_changed_lines(rows)) in text
     assert "at N_tokens=64 at most 50x the measured 100 ms, i.e. up to 5 s" in text
     assert "the real job's sampling time alone is not measured" in text
+
+
+def test_pairformer_small_lists_its_sizes_against_af3s():
+    from cpbench.workloads.pairformer import PairformerWorkload
+
+    s = settings("workload=pairformer_small")
+    config = OmegaConf.to_container(OmegaConf.structured(s), resolve=True, enum_to_str=True)
+    rows = {r.what: r for r in what_changed(config, PairformerWorkload.real_job)}
+    assert rows["model sizes"].setting == "workload=pairformer (AF3's sizes)"
+    assert "n_blocks=2" in rows["model sizes"].benchmark and "n_blocks=48" in rows["model sizes"].real

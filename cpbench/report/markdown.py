@@ -336,7 +336,9 @@ def _plan_sections(frame: pd.DataFrame, meta: dict[str, Any]) -> list[str]:
         lines += _real_job_sentences(frame, rows)
     budget = meta.get("time_budget")
     if budget:
-        lines += ["", "## Time budget", "", budget["line"] + "."]
+        took = budget.get("took_s")
+        took = f"; it took {took / 60:.2g} min (its timed step included)" if took is not None else ""
+        lines += ["", "## Time budget", "", budget["line"] + took + "."]
         lines += [f"- cut: {cut}" for cut in budget["cuts"]]
         lines += [f"- refused: {budget['refusal']}"] if budget.get("refusal") else []
     footprint = meta.get("footprint")

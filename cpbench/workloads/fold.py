@@ -26,14 +26,13 @@ from cpbench.models.fold.model import FoldModel
 from cpbench.models.fold.msa import MSAConfig
 from cpbench.models.pairformer import PairformerConfig, PairLayout
 from cpbench.workloads.base import Limitation, RealSetting
-from cpbench.workloads.pairformer import PairformerWorkload
+from cpbench.workloads.pairformer import AF3_PAIRFORMER, SIZES_WHY, PairformerWorkload
 
 # AlphaFold3's sizes (its paper's supplement; configs/workload/fold.yaml): fold_small reduces them.
 AF3_SIZES = dict(
-    c_s=384, c_z=128, n_blocks=48, tri_mul_hidden=128, tri_heads=4, tri_head_width=32, single_heads=16,
-    msa_blocks=4, c_m=64, opm_hidden=32, pwa_heads=8, pwa_width=8, c_atom=128, c_atom_pair=16,
-    input_atom_blocks=3, atom_blocks=3, atom_heads=4, c_token=768, token_blocks=24, token_heads=16,
-    fourier=256,
+    **AF3_PAIRFORMER, msa_blocks=4, c_m=64, opm_hidden=32, pwa_heads=8, pwa_width=8, c_atom=128,
+    c_atom_pair=16, input_atom_blocks=3, atom_blocks=3, atom_heads=4, c_token=768, token_blocks=24,
+    token_heads=16, fourier=256,
 )  # fmt: skip
 # The job a fold benchmark stands for: AlphaFold3's inference as its public code runs it (docs/budget.md
 # cites the sources). Each differing key is a row of the what-changed table.
@@ -48,10 +47,7 @@ AF3_INFERENCE = (
         "AF3 runs num_recycles=10, i.e. 11 trunk passes; each costs the same, so the trunk's time grows "
         "in proportion", scales=True, workflow="inference",
     ),
-    RealSetting(
-        AF3_SIZES, "model sizes", "a CPU-sized model: at AF3's sizes the compute per byte moved differs, "
-        "and the bottleneck moves", setting="workload=fold (AF3's sizes)",
-    ),
+    RealSetting(AF3_SIZES, "model sizes", SIZES_WHY, setting="workload=fold (AF3's sizes)"),
     Limitation(
         "diffusion samples per trunk", 1, 5,
         "the fold model denoises one sample; AF3 batches 5, which multiplies the sampler's work",
