@@ -25,7 +25,7 @@ from cpbench.measure.fault import Fault
 from cpbench.measure.memory import release
 from cpbench.measure.point import Budget, OutOfMemoryAlone, PointResult, PointSettings, measure_point
 from cpbench.measure.step import StepRunner
-from cpbench.plan.budget import Plan, Step, fit_budget
+from cpbench.plan.budget import Plan, Step, duration, fit_budget
 from cpbench.plan.changes import budget_rows
 from cpbench.probe.runner import max_fit_row, run_probe, search_config
 from cpbench.probe.search import SearchConfig, Trial
@@ -132,6 +132,8 @@ class Bench:
         self.done: set[str] = set()
         self.what_changed: list[dict[str, Any]] = []
         self.planned_at: float | None = None  # when the budget's timed step started
+        self.largest: tuple[Shape, PointResult] | None = None  # the largest point measured, ok
+        self.overhead_s = 0.0  # a measurement's time besides its steps, from the budget's timed one
 
     def run(self) -> None:
         with self.heartbeat:
@@ -192,6 +194,7 @@ class Bench:
                 self.measure(shape, warmed=i == 0 and warmed)
                 bar.advance(task)
         if settings.probe.enabled:
+            self._fit_probe()
             self.probe()
         if self.lead:
             # When it ended, so that a merge can tell runs that overlapped on one host.
@@ -216,13 +219,16 @@ class Bench:
         if self.lead and todo:  # the first point's own warm-up: a crash in it is that point's
             self.folder.in_flight.start(self.row(first, "point").as_dict())
         result = self._measure(first, replace(self.point_settings, warmup=1, repeats=1))
+        took = _broadcast(time.perf_counter() - self.planned_at, self.control)  # rank 0's, on every rank
         if result.status != "ok":
             LOG.warning("budget: the first step at N=%d did not fit: no estimate, the plan runs as set",
                         first.n_tokens)  # fmt: skip
             return todo, False
         budget = self.point_settings.budget
         baseline = budget.baseline_gib if budget else 0.0
-        step = Step(first.n_tokens, result.walltime_ms / 1e3, result.peak_mem_gib, baseline)
+        # A measurement's cost besides its steps (the first step's one-off costs counted in it too).
+        self.overhead_s = max(0.0, took - 2 * result.walltime_ms / 1e3)
+        step = Step(first.n_tokens, result.walltime_ms / 1e3, result.peak_mem_gib, baseline, self.overhead_s)
         plan = Plan(tuple(todo), self.point_settings.warmup, self.point_settings.repeats, search,
                     settings.probe.measure_at_max)  # fmt: skip
         verdict = fit_budget(plan, step, b.minutes, b.min_repeats) if self.lead else None
@@ -246,6 +252,41 @@ class Bench:
             self.settings = replace(settings, probe=probe)
         # Shapes compare by value: every rank reaches the same answer from rank 0's broadcast verdict.
         return list(trimmed.points), bool(trimmed.points) and trimmed.points[0] == first
+
+    def _fit_probe(self) -> None:
+        """Before the probe, its estimate again from the largest point measured (its step and peak are
+        nearer the probe's N than the first step's) against the budget left: a coarser granularity
+        when that fits it; else a warning, and the probe runs as trimmed (the points are measured)."""
+        if self.planned_at is None or self.largest is None:
+            return
+        b, ps = self.settings.budget, self.point_settings
+        shape, result = self.largest
+        left = b.minutes * 60 - (time.perf_counter() - self.planned_at)
+        baseline = ps.budget.baseline_gib if ps.budget else 0.0
+        step = Step(shape.n_tokens, result.walltime_ms / 1e3, result.peak_mem_gib, baseline, self.overhead_s)
+        plan = Plan((), ps.warmup, ps.repeats, self._search(), self.settings.probe.measure_at_max)
+        verdict = fit_budget(plan, step, max(left, 1.0) / 60, ps.repeats) if self.lead else None
+        verdict = _broadcast(verdict, self.control)
+        probe = replace(self.settings.probe, granularity=verdict.plan.probe.granularity)
+        self.settings = replace(self.settings, probe=probe)
+        if not self.lead:
+            return
+        line = (
+            f"before the probe: ~{verdict.probe_steps} step(s) and its measurement at the largest fit "
+            f"= ~{duration(verdict.seconds)} (x (N/{step.n})^2 from N={step.n}: {step.seconds:.2g} s a "
+            f"step), {duration(max(left, 0.0))} of the budget left"
+        )
+        LOG.info("budget: %s", line)
+        for cut in verdict.cuts:
+            LOG.warning("budget: cut %s", cut)
+        if verdict.refusal:
+            line += "; over it even so: the probe runs as trimmed"
+            LOG.warning("budget: the probe's estimate is over the budget left; it runs as trimmed")
+        meta = self.folder.read_metadata()
+        record = meta["time_budget"]
+        record.update(probe_line=line, cuts=record["cuts"] + list(verdict.cuts))
+        meta["what_changed"] = meta.get("what_changed", []) + [r.as_dict() for r in budget_rows(verdict.cuts)]
+        self.folder.write_metadata(meta)
 
     def _build_runner(self) -> StepRunner:
         """The model (its weights from the seed) and the step around it."""
@@ -324,6 +365,8 @@ class Bench:
         if warmed:
             ps = replace(ps, warmup=max(0, ps.warmup - 2))
         result = self._measure(shape, ps)
+        if result.status == "ok" and (self.largest is None or shape.n_tokens >= self.largest[0].n_tokens):
+            self.largest = (shape, result)
         if self.lead:
             if result.comm_ops:
                 self.folder.append_comm_ops([{**row.as_dict(), **op} for op in result.comm_ops])

@@ -39,6 +39,9 @@ class Step:
     seconds: float
     peak_gib: float | None = None
     baseline_gib: float = 0.0  # held before any step (CPU); the part of the peak that does not grow
+    # What a measurement costs besides its steps (building the batch, agreeing, releasing memory),
+    # paid once per point and once per probe step.
+    overhead_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -55,13 +58,16 @@ class Verdict:
         p = self.plan
         points = f"{len(p.points)} point(s) x ({p.warmup} warm-up + {p.repeats} repeats)"
         points += f" x ~{step.seconds:.2g} s at N={step.n} (x (N/{step.n})^2)"
+        if step.overhead_s:
+            points += f" + ~{step.overhead_s:.2g} s a measurement"
         probe = f" + probe ~{self.probe_steps} step(s)" if p.probe else ""
         budget = "no budget" if budget_minutes is None else f"budget {budget_minutes:g} min"
-        return f"plan: {points}{probe} = ~{_minutes(self.seconds)}, {budget}"
+        return f"plan: {points}{probe} = ~{duration(self.seconds)}, {budget}"
 
 
-def _minutes(seconds: float) -> str:
-    return f"{seconds / 60:.2g} min" if seconds >= 6 else f"{seconds:.2g} s"
+def duration(seconds: float) -> str:
+    """`12 s`, `4.2 min`: as the plan line says it."""
+    return f"{seconds / 60:.2g} min" if seconds >= 60 else f"{seconds:.2g} s"
 
 
 def step_seconds(step: Step, n: int) -> float:
@@ -90,14 +96,14 @@ def probe_trials(search: SearchConfig, step: Step) -> list[Trial]:
 def estimate(plan: Plan, step: Step) -> tuple[float, int]:
     """Seconds of the plan's steps, and the probe's expected step count."""
     per_point = plan.warmup + plan.repeats
-    seconds = sum(per_point * step_seconds(step, s.n_tokens) for s in plan.points)
+    seconds = sum(step.overhead_s + per_point * step_seconds(step, s.n_tokens) for s in plan.points)
     if plan.probe is None:
         return seconds, 0
     tried = probe_trials(plan.probe, step)
-    seconds += sum(step_seconds(step, t.n) for t in tried)
+    seconds += sum(step.overhead_s + step_seconds(step, t.n) for t in tried)
     fits = [t.n for t in tried if t.fits]
     if plan.measure_at_max and fits:
-        seconds += per_point * step_seconds(step, max(fits))
+        seconds += step.overhead_s + per_point * step_seconds(step, max(fits))
     return seconds, len(tried)
 
 
@@ -111,8 +117,8 @@ def _drop_one(points: tuple[Shape, ...]) -> tuple[Shape, ...] | None:
 
 
 def fit_budget(plan: Plan, step: Step, minutes: float | None, min_repeats: int) -> Verdict:
-    """The plan that fits `minutes`, with each cut named; or a refusal when even the most trimmed
-    plan does not fit. `minutes=None`: no budget, the plan as given."""
+    """The plan that fits `minutes`, with each cut named; or, when even the most trimmed plan does
+    not fit, a refusal (with that plan and its cuts). `minutes=None`: no budget, the plan as given."""
     seconds, probe_steps = estimate(plan, step)
     if minutes is None or seconds <= minutes * 60:
         return Verdict(plan, seconds, probe_steps)
@@ -151,5 +157,4 @@ def fit_budget(plan: Plan, step: Step, minutes: float | None, min_repeats: int) 
         f"budget.minutes={minutes:g}: even trimmed to the least the job allows ({least}) the plan does "
         "not fit; nothing run (raise budget.minutes, or budget.minutes=null to run it all)"
     )
-    seconds, probe_steps = estimate(plan, step)
-    return Verdict(plan, seconds, probe_steps, tuple(cuts), refusal)
+    return Verdict(trimmed, seconds, probe_steps, tuple(cuts), refusal)

@@ -339,6 +339,7 @@ def _plan_sections(frame: pd.DataFrame, meta: dict[str, Any]) -> list[str]:
         took = budget.get("took_s")
         took = f"; it took {took / 60:.2g} min (its timed step included)" if took is not None else ""
         lines += ["", "## Time budget", "", budget["line"] + took + "."]
+        lines += [f"- {budget['probe_line']}"] if budget.get("probe_line") else []
         lines += [f"- cut: {cut}" for cut in budget["cuts"]]
         lines += [f"- refused: {budget['refusal']}"] if budget.get("refusal") else []
     footprint = meta.get("footprint")
