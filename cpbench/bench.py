@@ -23,7 +23,14 @@ from cpbench.inputs import load_features
 from cpbench.measure.budget import apply_budget
 from cpbench.measure.fault import Fault
 from cpbench.measure.memory import release
-from cpbench.measure.point import Budget, OutOfMemoryAlone, PointResult, PointSettings, measure_point
+from cpbench.measure.point import (
+    Budget,
+    OutOfMemoryAlone,
+    PointResult,
+    PointSettings,
+    comm_timing,
+    measure_point,
+)
 from cpbench.measure.step import StepRunner
 from cpbench.plan.budget import Plan, Step, duration, fit_budget
 from cpbench.plan.changes import budget_rows
@@ -155,6 +162,7 @@ class Bench:
             budget = self.point_settings.budget
             meta.update(seed=settings.seed, budget_gib=budget and budget.gib)
             meta.update(baseline_gib=budget and budget.baseline_gib, what_changed=self.what_changed)
+            meta.update(comm_timing=comm_timing(ctx.device, self.point_settings))
             self.folder.write_metadata(meta)
             if meta["ranks_per_device"] > 1:
                 LOG.warning(
