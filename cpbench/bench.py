@@ -32,7 +32,7 @@ from cpbench.measure.point import (
     measure_point,
 )
 from cpbench.measure.step import StepRunner
-from cpbench.plan.budget import Plan, Step, duration, fit_budget
+from cpbench.plan.budget import Plan, Step, Verdict, duration, estimate, fit_budget
 from cpbench.plan.changes import budget_rows
 from cpbench.probe.runner import max_fit_row, run_probe, search_config
 from cpbench.probe.search import SearchConfig, Trial
@@ -77,9 +77,8 @@ def run_rank(spec: RunSpec, workload: Workload | None = None) -> None:
         folder = RunFolder(_broadcast(spec.output_dir, control))  # rank 0 decides, the others follow
         logs.setup(ctx.rank, settings.log.all_ranks, folder.rank_log(ctx.rank))
         try:
-            bench = Bench(settings, ctx, control, folder, workload or instantiate(settings.workload))
-            bench.what_changed = spec.what_changed
-            bench.run()
+            workload = workload or instantiate(settings.workload)
+            Bench(settings, ctx, control, folder, workload, spec.what_changed).run()
         except Exception as err:
             # Record the root cause before teardown: once this rank leaves, its peers fail too, and
             # the launcher must be able to tell which rank failed first and why.
@@ -115,6 +114,7 @@ class Bench:
         control: dist.ProcessGroup,
         folder: RunFolder,
         workload: Workload,
+        what_changed: list[dict[str, Any]] | None = None,
     ):
         self.settings, self.ctx, self.control, self.folder = settings, ctx, control, folder
         self.lead = ctx.rank == 0
@@ -137,7 +137,7 @@ class Bench:
         )
         self.runner: StepRunner | None = None
         self.done: set[str] = set()
-        self.what_changed: list[dict[str, Any]] = []
+        self.what_changed = what_changed or []  # rank 0 records it in run.json
         self.planned_at: float | None = None  # when the budget's timed step started
         self.largest: tuple[Shape, PointResult] | None = None  # the largest point measured, ok
         self.overhead_s = 0.0  # a measurement's time besides its steps, from the budget's timed one
@@ -241,17 +241,22 @@ class Bench:
                     settings.probe.measure_at_max)  # fmt: skip
         verdict = fit_budget(plan, step, b.minutes, b.min_repeats) if self.lead else None
         verdict = _broadcast(verdict, self.control)
-        line = verdict.summary(b.minutes, step)
         if self.lead:
+            line = Verdict(plan, *estimate(plan, step)).summary(b.minutes, step)  # the plan as set
             LOG.info("%s", line)
-            for cut in verdict.cuts:
+            cuts = [] if verdict.refusal else list(verdict.cuts)  # refused: nothing is cut, nothing runs
+            for cut in cuts:
                 LOG.warning("budget: cut %s", cut)
-            record = {"line": line, "cuts": list(verdict.cuts), "refusal": verdict.refusal}
+            if cuts:
+                line += f"; trimmed to {verdict.summary(b.minutes, step).removeprefix('plan: ')}"
+                LOG.info("trimmed %s", verdict.summary(b.minutes, step))
+            record = {"line": line, "cuts": cuts, "refusal": verdict.refusal}
             meta = self.folder.read_metadata()
-            cut_rows = [r.as_dict() for r in budget_rows(verdict.cuts)]
-            meta["what_changed"] = meta.get("what_changed", []) + cut_rows
+            meta["what_changed"] += [r.as_dict() for r in budget_rows(cuts)]
             self.folder.write_metadata({**meta, "time_budget": record})
         if verdict.refusal:
+            if self.lead:  # nothing runs: no point was in flight
+                self.folder.in_flight.abandon()
             return None, False
         trimmed = verdict.plan
         self.point_settings = replace(self.point_settings, repeats=trimmed.repeats)
@@ -293,7 +298,7 @@ class Bench:
         meta = self.folder.read_metadata()
         record = meta["time_budget"]
         record.update(probe_line=line, cuts=record["cuts"] + list(verdict.cuts))
-        meta["what_changed"] = meta.get("what_changed", []) + [r.as_dict() for r in budget_rows(verdict.cuts)]
+        meta["what_changed"] += [r.as_dict() for r in budget_rows(verdict.cuts)]
         self.folder.write_metadata(meta)
 
     def _build_runner(self) -> StepRunner:

@@ -3,6 +3,8 @@ budget; and one run through `python -m cpbench` that cannot fit and so runs noth
 
 from __future__ import annotations
 
+import json
+
 from conftest import FAST, cpbench
 from test_what_changed import settings
 
@@ -86,7 +88,13 @@ def test_a_run_over_budget_says_so_in_one_line_and_measures_nothing(tmp_path):
     assert proc.returncode == 2, proc.stderr
     refusals = [line for line in proc.stderr.splitlines() if line.startswith("cpbench: budget.minutes=")]
     assert len(refusals) == 1 and "nothing run" in refusals[0]
-    assert not (tmp_path / "out" / "results.csv").exists()
+    assert "plan: 2 point(s) x (1 warm-up + 2 repeats)" in proc.stdout + proc.stderr  # said first
+    out = tmp_path / "out"
+    assert not (out / "results.csv").exists()
+    assert json.loads((out / "state.json").read_text())["in_flight"] is None  # no point to resume
+    assert json.loads((out / "run.json").read_text())["time_budget"]["refusal"] == refusals[0].removeprefix(
+        "cpbench: "
+    )
 
 
 def test_bad_budget_settings_are_one_line_each():
