@@ -17,7 +17,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.errors import InstantiationException
 from hydra.types import RunMode
 from hydra.utils import instantiate
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from torch.distributed.elastic.multiprocessing.api import SignalException
 
 from cpbench.bench import RunSpec, run_rank
@@ -27,7 +27,11 @@ from cpbench.launch import slurm
 from cpbench.launch.baseline import attach_baseline
 from cpbench.launch.local import RankFailure, launch_local
 from cpbench.launch.outcome import close_failed
+from cpbench.plan.changes import load_job, what_changed
+from cpbench.plan.footprint import Snapshot
 from cpbench.probe.state import ProbeState
+from cpbench.report.markdown import what_changed_lines
+from cpbench.report.single import write_report
 from cpbench.results.folder import FolderLocked, RunFolder
 from cpbench.runtime.rank import pick_backend
 from cpbench.settings.schema import BenchConfig, register
@@ -102,7 +106,7 @@ def run(cfg: DictConfig, in_sweep: bool = False, baseline_root: Path | None = No
     """Validate, then run as one rank (torchrun, or cp=1), launch the ranks, or submit them to SLURM.
     Returns the exit code. In a sweep (`in_sweep`) every failure is recorded in failure.json and even
     cp=1 runs in its own process, so that one job leaves nothing behind in the next. A CP run launched
-    here first measures (or finds in the cache under `baseline_root`, default output_dir's parent) its
+    here first measures (or finds in the cache under `baseline_root`, default output_dir itself) its
     cp=1 baseline."""
     folder = RunFolder(Path(cfg.output_dir).resolve())
     try:
@@ -117,6 +121,7 @@ def run(cfg: DictConfig, in_sweep: bool = False, baseline_root: Path | None = No
         check_topology = getattr(workload, "check_topology", None)
         if callable(check_topology):
             check_topology(topology)
+        changes = _what_changed(settings, workload)
     except ConfigError as err:
         print(f"cpbench: error: {err}", file=sys.stderr)
         if in_sweep:
@@ -127,19 +132,51 @@ def run(cfg: DictConfig, in_sweep: bool = False, baseline_root: Path | None = No
         return 2
     # One run per folder: the process that launches the ranks (or, under torchrun, rank 0) holds it.
     holds_lock = os.environ.get("RANK", "0") == "0"
+    if holds_lock:
+        print("cpbench: what differs from the real job (docs/budget.md):", file=sys.stderr)
+        print("\n".join(what_changed_lines(changes)), file=sys.stderr)
+    # In a sweep the other jobs' folders (and the merged report) are the sweep's own writes.
+    before = None
+    if holds_lock and not settings.slurm.enabled:
+        before = Snapshot.take(Path.cwd(), (folder.root, folder.root.parent) if in_sweep else (folder.root,))
     try:
         with folder.lock() if holds_lock else contextlib.nullcontext():
             folder.clear_failure()
             if holds_lock and not _under_torchrun():
-                attach_baseline(folder, settings, baseline_root or folder.root.parent)
-            spec = RunSpec(settings=settings, output_dir=str(folder.root))
+                attach_baseline(folder, settings, baseline_root or folder.root)
+            spec = RunSpec(settings=settings, output_dir=str(folder.root), what_changed=changes)
             with _signals_end_the_run():
-                return _run(spec, workload, topology.cp, in_sweep)
+                code = _run(spec, workload, topology.cp, in_sweep)
+        if before is not None:
+            _check_footprint(folder, before)
+        refusal = (folder.read_metadata().get("time_budget") or {}).get("refusal") if holds_lock else None
+        if code == 0 and refusal:
+            print(f"cpbench: {refusal}", file=sys.stderr)
+            return 2
+        return code
     except FolderLocked as err:
         print(f"cpbench: error: {err}", file=sys.stderr)
         return 2
     except (KeyboardInterrupt, Interrupted, SignalException) as stop:
         return _interrupted(folder, topology.cp, stop)
+
+
+def _what_changed(settings: BenchConfig, workload: Workload) -> list[dict]:
+    """The what-changed table's rows, against the workload's real job or the user's `job=` file."""
+    job = load_job(settings.job) if settings.job else None
+    config = OmegaConf.to_container(OmegaConf.structured(settings), resolve=True, enum_to_str=True)
+    return [row.as_dict() for row in what_changed(config, getattr(workload, "real_job", ()), job)]
+
+
+def _check_footprint(folder: RunFolder, before: Snapshot) -> None:
+    """Nothing left behind, checked after the run; the finding goes into run.json and the report."""
+    found = before.compare()
+    if found["left"]:
+        print(f"cpbench: {found['line']}", file=sys.stderr)
+    if folder.run_json.exists():
+        folder.write_metadata({**folder.read_metadata(), "footprint": found})
+        if folder.report.exists():
+            write_report(folder.root)
 
 
 def _run(spec: RunSpec, workload: Workload, cp: int, in_sweep: bool) -> int:

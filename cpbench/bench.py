@@ -6,7 +6,8 @@ import dataclasses
 import itertools
 import logging
 import os
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import Any
 
@@ -32,8 +33,10 @@ from cpbench.measure.point import (
     measure_point,
 )
 from cpbench.measure.step import StepRunner
+from cpbench.plan.budget import Plan, Step, Verdict, duration, estimate, fit_budget
+from cpbench.plan.changes import budget_rows
 from cpbench.probe.runner import max_fit_row, run_probe, search_config
-from cpbench.probe.search import Trial
+from cpbench.probe.search import SearchConfig, Trial
 from cpbench.probe.state import ProbeState
 from cpbench.report import metadata
 from cpbench.report.single import write_report
@@ -54,6 +57,8 @@ class RunSpec:
 
     settings: BenchConfig
     output_dir: str
+    # The what-changed table (`cpbench.plan.changes`), made before launch; rank 0 records it in run.json.
+    what_changed: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def topology(self) -> Topology:
@@ -73,7 +78,8 @@ def run_rank(spec: RunSpec, workload: Workload | None = None) -> None:
         folder = RunFolder(_broadcast(spec.output_dir, control))  # rank 0 decides, the others follow
         logs.setup(ctx.rank, settings.log.all_ranks, folder.rank_log(ctx.rank))
         try:
-            Bench(settings, ctx, control, folder, workload or instantiate(settings.workload)).run()
+            workload = workload or instantiate(settings.workload)
+            Bench(settings, ctx, control, folder, workload, spec.what_changed).run()
         except Exception as err:
             # Record the root cause before teardown: once this rank leaves, its peers fail too, and
             # the launcher must be able to tell which rank failed first and why.
@@ -96,7 +102,8 @@ def hashed_config(settings: BenchConfig) -> str:
     """The settings that decide each point's numbers: not which points (a point's row names its own
     shape), nor where they are written or how loudly. Rows of an equal hash are resumable."""
     container = OmegaConf.to_container(OmegaConf.structured(settings), resolve=True, enum_to_str=True)
-    for key in ("output_dir", "log", "sweep", "probe", "shape", "slurm", "launch", "baseline"):
+    skipped = ("output_dir", "log", "sweep", "probe", "shape", "slurm", "launch", "baseline", "budget", "job")
+    for key in skipped:
         container.pop(key, None)
     return metadata.config_hash(OmegaConf.to_yaml(OmegaConf.create(container)))
 
@@ -116,6 +123,7 @@ class Bench:
         control: dist.ProcessGroup,
         folder: RunFolder,
         workload: Workload,
+        what_changed: list[dict[str, Any]] | None = None,
     ):
         self.settings, self.ctx, self.control, self.folder = settings, ctx, control, folder
         self.lead = ctx.rank == 0
@@ -138,6 +146,10 @@ class Bench:
         )
         self.runner: StepRunner | None = None
         self.done: set[str] = set()
+        self.what_changed = what_changed or []  # rank 0 records it in run.json
+        self.planned_at: float | None = None  # when the budget's timed step started
+        self.largest: tuple[Shape, PointResult] | None = None  # the largest point measured, ok
+        self.overhead_s = 0.0  # a measurement's time besides its steps, from the budget's timed one
 
     def run(self) -> None:
         with self.heartbeat:
@@ -158,7 +170,7 @@ class Bench:
             )
             budget = self.point_settings.budget
             meta.update(seed=settings.seed, budget_gib=budget and budget.gib)
-            meta.update(baseline_gib=budget and budget.baseline_gib)
+            meta.update(baseline_gib=budget and budget.baseline_gib, what_changed=self.what_changed)
             meta.update(comm_timing=comm_timing(ctx.device, self.point_settings))
             self.folder.write_metadata(meta)
             if meta["ranks_per_device"] > 1:
@@ -170,6 +182,9 @@ class Bench:
         self.done = _broadcast(self.folder.done_keys(self.config_hash) if self.lead else None, self.control)
         points = walltime_points(settings)
         todo = [s for s in points if self.row(s, "point").key not in self.done]
+        todo, warmed = self._fit_budget(todo)
+        if todo is None:
+            return
         LOG.info(
             "%s %s on %s cp=%d: %d point(s) to measure -> %s",
             self.workload_name,
@@ -189,15 +204,108 @@ class Bench:
             transient=True,
         ) as bar:
             task = bar.add_task("points", total=len(todo))
-            for shape in todo:
-                self.measure(shape)
+            for i, shape in enumerate(todo):
+                self.measure(shape, warmed=i == 0 and warmed)
                 bar.advance(task)
         if settings.probe.enabled:
+            self._fit_probe()
             self.probe()
         if self.lead:
             # When it ended, so that a merge can tell runs that overlapped on one host.
-            self.folder.write_metadata({**self.folder.read_metadata(), "finished": metadata.now()})
+            meta = {**self.folder.read_metadata(), "finished": metadata.now()}
+            if meta.get("time_budget") and self.planned_at is not None:  # the estimate's error, shown
+                meta["time_budget"]["took_s"] = time.perf_counter() - self.planned_at
+            self.folder.write_metadata(meta)
             LOG.info("report: %s", write_report(self.folder.root))
+
+    def _fit_budget(self, todo: list[Shape]) -> tuple[list[Shape] | None, bool]:
+        """Time one step (the first point's second warm-up step: the first carries one-off costs),
+        estimate the plan from it and trim the plan to budget.minutes (`cpbench.plan.budget`), before
+        the long work. Returns the points to measure (None: refused, nothing runs) and whether the first
+        point's first two warm-up steps are done."""
+        settings, b = self.settings, self.settings.budget
+        search = self._search() if settings.probe.enabled else None
+        first = todo[0] if todo else (self._probe_shape(search.start) if search else None)
+        if b.minutes is None or first is None:
+            return todo, False
+        self.heartbeat.now(f"budget: timing one step at N={first.n_tokens}")
+        self.planned_at = time.perf_counter()
+        if self.lead and todo:  # the first point's own warm-up: a crash in it is that point's
+            self.folder.in_flight.start(self.row(first, "point").as_dict())
+        result = self._measure(first, replace(self.point_settings, warmup=1, repeats=1))
+        took = _broadcast(time.perf_counter() - self.planned_at, self.control)  # rank 0's, on every rank
+        if result.status != "ok":
+            LOG.warning("budget: the first step at N=%d did not fit: no estimate, the plan runs as set",
+                        first.n_tokens)  # fmt: skip
+            return todo, False
+        budget = self.point_settings.budget
+        baseline = budget.baseline_gib if budget else 0.0
+        # A measurement's cost besides its steps (the first step's one-off costs counted in it too).
+        self.overhead_s = max(0.0, took - 2 * result.walltime_ms / 1e3)
+        step = Step(first.n_tokens, result.walltime_ms / 1e3, result.peak_mem_gib, baseline, self.overhead_s)
+        plan = Plan(tuple(todo), self.point_settings.warmup, self.point_settings.repeats, search,
+                    settings.probe.measure_at_max)  # fmt: skip
+        verdict = fit_budget(plan, step, b.minutes, b.min_repeats) if self.lead else None
+        verdict = _broadcast(verdict, self.control)
+        if self.lead:
+            line = Verdict(plan, *estimate(plan, step)).summary(b.minutes, step)  # the plan as set
+            LOG.info("%s", line)
+            cuts = [] if verdict.refusal else list(verdict.cuts)  # refused: nothing is cut, nothing runs
+            for cut in cuts:
+                LOG.warning("budget: cut %s", cut)
+            if cuts:
+                line += f"; trimmed to {verdict.summary(b.minutes, step).removeprefix('plan: ')}"
+                LOG.info("trimmed %s", verdict.summary(b.minutes, step))
+            record = {"line": line, "cuts": cuts, "refusal": verdict.refusal}
+            meta = self.folder.read_metadata()
+            meta["what_changed"] += [r.as_dict() for r in budget_rows(cuts)]
+            self.folder.write_metadata({**meta, "time_budget": record})
+        if verdict.refusal:
+            if self.lead:  # nothing runs: no point was in flight
+                self.folder.in_flight.abandon()
+            return None, False
+        trimmed = verdict.plan
+        self.point_settings = replace(self.point_settings, repeats=trimmed.repeats)
+        if trimmed.probe is not None:
+            probe = replace(settings.probe, granularity=trimmed.probe.granularity)
+            self.settings = replace(settings, probe=probe)
+        # Shapes compare by value: every rank reaches the same answer from rank 0's broadcast verdict.
+        return list(trimmed.points), bool(trimmed.points) and trimmed.points[0] == first
+
+    def _fit_probe(self) -> None:
+        """Before the probe, its estimate again from the largest point measured (its step and peak are
+        nearer the probe's N than the first step's) against the budget left: a coarser granularity
+        when that fits it; else a warning, and the probe runs as trimmed (the points are measured)."""
+        if self.planned_at is None or self.largest is None:
+            return
+        b, ps = self.settings.budget, self.point_settings
+        shape, result = self.largest
+        left = b.minutes * 60 - (time.perf_counter() - self.planned_at)
+        baseline = ps.budget.baseline_gib if ps.budget else 0.0
+        step = Step(shape.n_tokens, result.walltime_ms / 1e3, result.peak_mem_gib, baseline, self.overhead_s)
+        plan = Plan((), ps.warmup, ps.repeats, self._search(), self.settings.probe.measure_at_max)
+        verdict = fit_budget(plan, step, max(left, 1.0) / 60, ps.repeats) if self.lead else None
+        verdict = _broadcast(verdict, self.control)
+        probe = replace(self.settings.probe, granularity=verdict.plan.probe.granularity)
+        self.settings = replace(self.settings, probe=probe)
+        if not self.lead:
+            return
+        line = (
+            f"before the probe: ~{verdict.probe_steps} step(s) and its measurement at the largest fit "
+            f"= ~{duration(verdict.seconds)} (x (N/{step.n})^2 from N={step.n}: {step.seconds:.2g} s a "
+            f"step), {duration(max(left, 0.0))} of the budget left"
+        )
+        LOG.info("budget: %s", line)
+        for cut in verdict.cuts:
+            LOG.warning("budget: cut %s", cut)
+        if verdict.refusal:
+            line += "; over it even so: the probe runs as trimmed"
+            LOG.warning("budget: the probe's estimate is over the budget left; it runs as trimmed")
+        meta = self.folder.read_metadata()
+        record = meta["time_budget"]
+        record.update(probe_line=line, cuts=record["cuts"] + list(verdict.cuts))
+        meta["what_changed"] += [r.as_dict() for r in budget_rows(verdict.cuts)]
+        self.folder.write_metadata(meta)
 
     def _build_runner(self) -> StepRunner:
         """The model (its weights from the seed) and the step around it."""
@@ -235,10 +343,7 @@ class Bench:
             tried = {t.n for t in state.trials}
             state.add_points([t for t in self._point_trials() if t.n not in tried])
         trials = list(_broadcast(state.trials if state else None, self.control))
-        # Peaks are absolute (the CPU baseline included): the model's limit is the cap itself.
-        budget = self.point_settings.budget
-        limit = _broadcast(budget.gib + budget.baseline_gib, self.control) if budget else None
-        search = search_config(self.settings.probe, self.ctx.topology, limit)
+        search = self._search()
         one_step = self.point_settings.single_step()
 
         steps = itertools.count(len(trials) + 1)
@@ -281,16 +386,27 @@ class Bench:
                                                 peak_gib=peak, point=True)  # fmt: skip
         return sorted(trials.values(), key=lambda t: t.n)
 
+    def _search(self) -> SearchConfig:
+        """The probe's search. Peaks are absolute (the CPU baseline included): its limit is the cap."""
+        budget = self.point_settings.budget
+        limit = _broadcast(budget.gib + budget.baseline_gib, self.control) if budget else None
+        return search_config(self.settings.probe, self.ctx.topology, limit)
+
     def _probe_shape(self, n_tokens: int) -> Shape:
         return resolve_shape(self.settings.shape, n_tokens=n_tokens)
 
-    def measure(self, shape: Shape) -> PointResult:
+    def measure(self, shape: Shape, warmed: bool = False) -> PointResult:
+        """A walltime point; `warmed`: its first two warm-up steps already ran (the budget's)."""
         row = self.row(shape, "point")
         if self.lead:
             self.folder.in_flight.start(row.as_dict())
         ps = self.point_settings
         self.heartbeat.now(f"N={shape.n_tokens}: {ps.warmup} warm-up and {ps.repeats} timed step(s)")
+        if warmed:
+            ps = replace(ps, warmup=max(0, ps.warmup - 2))
         result = self._measure(shape, ps)
+        if result.status == "ok" and (self.largest is None or shape.n_tokens >= self.largest[0].n_tokens):
+            self.largest = (shape, result)
         if self.lead:
             if result.comm_ops:
                 self.folder.append_comm_ops([{**row.as_dict(), **op} for op in result.comm_ops])
@@ -310,7 +426,7 @@ class Bench:
             workload=self.workload_name, workflow=settings.workflow.value, topology=topology.kind.value,
             cp=topology.cp, grid=topology.grid_label, N_tokens=shape.n_tokens, N_atoms=shape.n_atoms,
             MSA_depth=shape.msa_depth, dtype=settings.dtype.value, kind=kind,
-            warmup=settings.timing.warmup, repeats=settings.timing.repeats, seed=settings.seed,
+            warmup=settings.timing.warmup, repeats=self.point_settings.repeats, seed=settings.seed,
             config_hash=self.config_hash, extra=dict(columns(self.train)) if callable(columns) else {},
             budget_gib=budget.gib if (budget := self.point_settings.budget) else None,
             baseline_gib=budget.baseline_gib if budget else None,

@@ -13,8 +13,9 @@ import pytest
 
 TESTS = Path(__file__).resolve().parent
 # The cheapest workload, unless a test names another (a later override wins); each test measures its
-# own cp alone, without the cp=1 baseline (tests/test_baseline.py turns it on).
-BASE = ["workload=axial_mix", "baseline=false"]
+# own cp alone, without the cp=1 baseline (tests/test_baseline.py turns it on), and with no time budget:
+# a test run is no benchmark, and its step count stays what the test sets (tests/test_budget.py sets one).
+BASE = ["workload=axial_mix", "baseline=false", "budget.minutes=null"]
 TIMING = ["timing.warmup=1", "timing.repeats=2", "log.progress=false"]
 FAST = [*TIMING, "probe.enabled=false"]  # walltime points only: tests of the probe turn it on
 

@@ -1,9 +1,10 @@
 """The cp=1 baseline beside a CP run (cpbench/launch/baseline.py): planned by default, measured once
-per configuration in the cache beside output_dir, its rows in the run's results.csv and readout."""
+per configuration in the cache inside output_dir, its rows in the run's results.csv and readout."""
 
 from __future__ import annotations
 
 import re
+import shutil
 
 import pytest
 from conftest import TIMING, cpbench, ok, results
@@ -47,12 +48,15 @@ def test_the_cache_key_holds_what_changes_the_cp1_answer_and_nothing_else():
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """One cp=2 run with its baseline, then a cp=4 run beside it that finds the baseline cached."""
+    """One cp=2 run with its baseline, then a cp=4 run into the same folder that finds the baseline
+    cached; the cp=2 run's results and report are kept as they were before the second run."""
     root = tmp_path_factory.mktemp("baseline")
-    first = ok(cpbench("topology.cp=2", *RUN, f"output_dir={root / 'cp2'}", cwd=root, timeout=300))
-    cache = next((root / CACHE).iterdir())
+    out = root / "run"
+    first = ok(cpbench("topology.cp=2", *RUN, f"output_dir={out}", cwd=root, timeout=300))
+    cache = next((out / CACHE).iterdir())
     stamp = (cache / "results.csv").stat().st_mtime_ns
-    second = ok(cpbench("topology.cp=4", *RUN, f"output_dir={root / 'cp4'}", cwd=root, timeout=300))
+    shutil.copytree(out, root / "cp2", ignore=shutil.ignore_patterns(CACHE))
+    second = ok(cpbench("topology.cp=4", *RUN, f"output_dir={out}", cwd=root, timeout=300))
     return root, cache, stamp, first, second
 
 
@@ -92,6 +96,6 @@ def test_a_later_run_at_another_cp_reuses_the_cached_baseline(runs):
     root, cache, stamp, _, second = runs
     assert f"cp=1 baseline from the cache: {cache}" in second.stderr
     assert (cache / "results.csv").stat().st_mtime_ns == stamp  # not measured again
-    frame = results(root / "cp4")
+    frame = results(root / "run")
     assert set(frame.loc[frame["source"] == BASELINE, "cp"]) == {1}
-    assert "1.00x cp=1; ideal sqrt(cp) = 2.00x" in (root / "cp4" / "cp_benchmark.md").read_text()
+    assert "1.00x cp=1; ideal sqrt(cp) = 2.00x" in (root / "run" / "cp_benchmark.md").read_text()

@@ -1,12 +1,12 @@
 """The cp=1 baseline beside a CP run: the same workload on one rank under the same per-rank budget,
 so the readout can say how much larger an input CP fits and at what walltime cost.
 
-It runs once per configuration in a cache folder, `cpbench_baseline/<key>/` beside the run's
-`output_dir` (in its parent folder), a run folder of its own; the key hashes every setting that changes
-the cp=1 answer (workload, workflow, dtype, shapes and sweep, probe, timing, memory, seed, ...) and
-none that does not (topology, output_dir, logging, launch, SLURM). A later run with other CP sizes,
-and every job of a CP sweep, reuse it. Its rows are copied into the run's results.csv with
-`source=baseline`."""
+It runs once per configuration in a cache folder inside the run's `output_dir` (a sweep's: inside the
+sweep folder), `baseline/<key>/`, a run folder of its own, so a run still writes in one place. The key
+hashes every setting that changes the cp=1 answer (workload, workflow, dtype, shapes and sweep, probe,
+timing, memory, seed, ...) and none that does not (topology, output_dir, logging, launch, SLURM). A
+later run at another cp into the same folder, and every job of a CP sweep, reuse it. Its rows are
+copied into the run's results.csv with `source=baseline`."""
 
 from __future__ import annotations
 
@@ -25,9 +25,9 @@ from cpbench.results.folder import RunFolder
 from cpbench.results.row import BASELINE, point_key
 from cpbench.settings.schema import BenchConfig
 
-CACHE = "cpbench_baseline"
+CACHE = "baseline"
 # Settings that do not change the cp=1 answer: where and how loudly it is written, how it is launched.
-_NOT_IN_KEY = ("topology", "output_dir", "log", "launch", "slurm", "baseline")
+_NOT_IN_KEY = ("topology", "output_dir", "log", "launch", "slurm", "baseline", "job")
 
 
 def plan(settings: BenchConfig) -> BenchConfig | None:
@@ -50,8 +50,8 @@ def cache_key(settings: BenchConfig) -> str:
 
 
 def cache_folder(settings: BenchConfig, root: Path) -> RunFolder:
-    """Where the baseline of `settings` lives: `<root>/cpbench_baseline/<key>` (root: the parent of
-    the run's output_dir)."""
+    """Where the baseline of `settings` lives: `<root>/baseline/<key>` (root: the run's output_dir,
+    or the sweep folder)."""
     return RunFolder(Path(root) / CACHE / cache_key(settings))
 
 

@@ -326,6 +326,56 @@ def _budget_sentence(meta: dict[str, Any]) -> list[str]:
     ]
 
 
+def what_changed_lines(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """The what-changed table (`cpbench.plan.changes`): limitations name no setting."""
+    return _table(
+        ["what", "benchmark", "real job", "setting", "why"],
+        [(r["what"], r["benchmark"], r["real"], r["setting"] or "limitation: needs an edit to the code",
+          r["why"]) for r in rows],
+    )  # fmt: skip
+
+
+def _real_job_sentences(frame: pd.DataFrame, rows: Sequence[dict[str, Any]]) -> list[str]:
+    """The real job's step time from the measured one, bounded: each loop count that differs scales
+    its part of the step in proportion, so the whole grows at most by the largest ratio. cpbench times
+    a step whole, not its parts (the trunk apart from the sampler), and says so."""
+    scaled = [r for r in rows if r.get("scale")]
+    ok = ok_points(frame) if not frame.empty else frame
+    if not scaled or ok.empty:
+        return []
+    top = max(1.0, *(r["scale"] for r in scaled))
+    at = ok.sort_values("N_tokens").iloc[-1]
+    ratios = ", ".join(f"{r['what']} {r['scale']:.3g}x" for r in scaled)
+    return [
+        "",
+        f"Real job's step, estimated: at N_tokens={at['N_tokens']} at most {top:.3g}x the measured "
+        f"{at['walltime_ms']:.4g} ms, i.e. up to {top * at['walltime_ms'] / 1e3:.4g} s ({ratios}; each "
+        "loop scales its part of the step in proportion). cpbench times the step whole, not the sampler "
+        "apart from the trunk, so the real job's sampling time alone is not measured.",
+    ]
+
+
+def _plan_sections(frame: pd.DataFrame, meta: dict[str, Any]) -> list[str]:
+    """What differs from the real job, the time budget's plan and cuts, and what the run left behind."""
+    lines = []
+    rows = meta.get("what_changed")
+    if rows:
+        lines += ["", "## What differs from the real job", "", *what_changed_lines(rows)]
+        lines += _real_job_sentences(frame, rows)
+    budget = meta.get("time_budget")
+    if budget:
+        took = budget.get("took_s")
+        took = f"; it took {took / 60:.2g} min (its timed step included)" if took is not None else ""
+        lines += ["", "## Time budget", "", budget["line"] + took + "."]
+        lines += [f"- {budget['probe_line']}"] if budget.get("probe_line") else []
+        lines += [f"- cut: {cut}" for cut in budget["cuts"]]
+        lines += [f"- refused: {budget['refusal']}"] if budget.get("refusal") else []
+    footprint = meta.get("footprint")
+    if footprint:
+        lines += ["", "## Left behind", "", footprint["line"][:1].upper() + footprint["line"][1:] + "."]
+    return lines
+
+
 def _oversubscribed(meta: dict[str, Any]) -> str:
     if str(meta.get("oversubscribed", "no")).startswith("yes"):
         return (
@@ -352,6 +402,7 @@ def render(
     lines = [f"# {title}", "", "## Run", "", "| | |", "|---|---|"]
     lines += [f"| {label} | {_fmt(meta.get(key, ''))} |" for key, label in _META if key in meta]
     lines += _budget_sentence(meta)
+    lines += _plan_sections(frame, meta)
     lines += ["", "## Results", ""]
     if frame.empty:
         return "\n".join([*lines, "No rows.", "", "## Readout", "", readout(frame), ""])

@@ -71,6 +71,15 @@ class TimingConfig:
 
 
 @dataclass
+class BudgetConfig:
+    """The time budget of a run (docs/budget.md): over it, only repeats, sweep points and the probe's
+    granularity are trimmed; a plan that cannot fit without changing the job runs nothing."""
+
+    minutes: float | None = 8.0  # null: no budget, the plan runs as set
+    min_repeats: int = 3  # the floor repeats are never trimmed below
+
+
+@dataclass
 class MeasureConfig:
     # comm_ms from the torch profiler's communication events (any model's collectives, at the
     # profiler's overhead) instead of cpbench's ledger, which sees only cpbench.distributed.comm.
@@ -135,6 +144,7 @@ class BenchConfig:
     data: DataConfig = field(default_factory=DataConfig)
     probe: ProbeConfig = field(default_factory=ProbeConfig)
     timing: TimingConfig = field(default_factory=TimingConfig)
+    budget: BudgetConfig = field(default_factory=BudgetConfig)
     measure: MeasureConfig = field(default_factory=MeasureConfig)
     memory: MemoryConfig = field(default_factory=MemoryConfig)
     dist: DistConfig = field(default_factory=DistConfig)
@@ -145,8 +155,10 @@ class BenchConfig:
     log: LogConfig = field(default_factory=LogConfig)
     seed: int = 0
     # Measure the same workload at cp=1 under the same per-rank budget beside a CP run, cached by
-    # config in cpbench_baseline/ beside output_dir (cpbench/launch/baseline.py).
+    # config in output_dir/baseline/ (cpbench/launch/baseline.py).
     baseline: bool = True
+    # The real job the benchmark stands for: a YAML of cpbench settings, for the what-changed table.
+    job: str | None = None
     output_dir: str = MISSING
 
 

@@ -49,6 +49,10 @@ def validate(settings: BenchConfig) -> Topology:
         raise ConfigError(f"timing.repeats={timing.repeats}: must be >= 1")
     if timing.warmup < 1:
         raise ConfigError(f"timing.warmup={timing.warmup}: must be >= 1 (the first steps are not timed)")
+    b = settings.budget
+    _positive("budget.minutes", b.minutes, allow_null=True)
+    if b.min_repeats < 1:
+        raise ConfigError(f"budget.min_repeats={b.min_repeats}: must be >= 1")
     p = settings.probe
     _positive("probe.start", p.start)
     _positive("probe.granularity", p.granularity)

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from cpbench.core import ConfigError, RankContext, Shape, Topology, TopologyKind
-from cpbench.workloads.base import Contract
+from cpbench.workloads.base import Contract, Limitation
 
 HOOKS = ("build_model", "build_batch", "run_step")
 
@@ -36,6 +36,7 @@ class FoldCPAdapter:
                 "an adapter module defines build_model, build_batch and run_step"
             )
         self.name = module
+        self.real_job = _real_job(self.module)
 
     def check_topology(self, topology: Topology) -> None:
         """The fold-cp driver hands its hooks a square 2d mesh named (cp0, cp1); nothing else."""
@@ -57,3 +58,28 @@ class FoldCPAdapter:
 
     def run_step(self, model: torch.nn.Module, batch: Any, train: bool) -> Any:
         return self.module.run_step(model, batch, train)
+
+
+def _real_job(module: Any) -> tuple[Limitation, ...]:
+    """The module's `REAL_JOB` (docs/adapters.md): what its real job runs that this benchmark does not.
+    cpbench cannot change a module's own settings, so each is a limitation; none declared is one too."""
+    declared = getattr(module, "REAL_JOB", None)
+    if declared is None:
+        return (
+            Limitation(
+                "the module's own settings (loop counts, sizes, inputs)", "as the module sets them",
+                "not declared", "the module declares no REAL_JOB, so cpbench cannot tell how they differ",
+            ),
+        )  # fmt: skip
+    name = module.__name__
+    entries = declared.values() if isinstance(declared, dict) else [None]
+    if not all(isinstance(v, dict) and "real" in v for v in entries):
+        raise WorkloadError(
+            f"workload.module={name}: REAL_JOB must map each setting to a dict with `real` "
+            "(and optionally `benchmark`, `why`)"
+        )
+    return tuple(
+        Limitation(what, entry.get("benchmark", "as the module runs it"), entry["real"],
+                   entry.get("why", f"set in {name}: changing it needs an edit to the module"))
+        for what, entry in declared.items()
+    )  # fmt: skip

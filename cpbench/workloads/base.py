@@ -3,6 +3,7 @@ step contracts (docs/adapters.md)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Protocol
 
@@ -24,7 +25,8 @@ class Workload(Protocol):
     """A CP model as cpbench drives it. Optional attributes and hooks: `contract` (default native),
     `columns(train) -> dict` (settings results.csv records in each of its rows), `check_topology(
     topology)` (refuse a topology before any rank starts), `counts_comm` (True when every collective
-    goes through cpbench.distributed.comm, so comm_ms is complete)."""
+    goes through cpbench.distributed.comm, so comm_ms is complete), `real_job` (a sequence of
+    `RealSetting` and `Limitation`: the job the benchmark stands for, for the what-changed table)."""
 
     name: str
 
@@ -33,3 +35,29 @@ class Workload(Protocol):
     def build_batch(self, shape: Shape, ctx: RankContext) -> Any: ...
 
     def run_step(self, model: torch.nn.Module, batch: Any, train: bool) -> Any: ...
+
+
+@dataclass(frozen=True)
+class RealSetting:
+    """How the real job a workload stands for sets some of its config keys (`workload.<key>`), for the
+    what-changed table: `keys` maps each key (dotted) to the real job's value. `scales`: the job's time
+    grows in proportion to the value (a loop count), so a measured time can be scaled to it.
+    `workflow`: the workflow the real value is for (None: both)."""
+
+    keys: dict[str, Any]
+    what: str
+    why: str
+    scales: bool = False
+    workflow: str | None = None
+    setting: str | None = None  # the setting that controls it, when not `workload.<key>`
+
+
+@dataclass(frozen=True)
+class Limitation:
+    """A way the benchmark differs from the real job that no setting changes (an edit to the code would)."""
+
+    what: str
+    benchmark: Any
+    real: Any
+    why: str
+    workflow: str | None = None

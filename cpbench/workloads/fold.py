@@ -25,13 +25,42 @@ from cpbench.models.fold.diffusion import AtomContext, DiffusionSizes
 from cpbench.models.fold.model import FoldModel
 from cpbench.models.fold.msa import MSAConfig
 from cpbench.models.pairformer import PairformerConfig, PairLayout
-from cpbench.workloads.pairformer import PairformerWorkload
+from cpbench.workloads.base import Limitation, RealSetting
+from cpbench.workloads.pairformer import AF3_PAIRFORMER, SIZES_WHY, PairformerWorkload
+
+# AlphaFold3's sizes (its paper's supplement; configs/workload/fold.yaml): fold_small reduces them.
+AF3_SIZES = dict(
+    **AF3_PAIRFORMER, msa_blocks=4, c_m=64, opm_hidden=32, pwa_heads=8, pwa_width=8, c_atom=128,
+    c_atom_pair=16, input_atom_blocks=3, atom_blocks=3, atom_heads=4, c_token=768, token_blocks=24,
+    token_heads=16, fourier=256,
+)  # fmt: skip
+# The job a fold benchmark stands for: AlphaFold3's inference as its public code runs it (docs/budget.md
+# cites the sources). Each differing key is a row of the what-changed table.
+AF3_INFERENCE = (
+    RealSetting(
+        {"sampling.steps": 200}, "diffusion sampling steps",
+        "each denoising step costs the same: measured with few, the sampling time grows in proportion",
+        scales=True, workflow="inference",
+    ),
+    RealSetting(
+        {"n_cycles": 11}, "trunk passes (recycling)",
+        "AF3 runs num_recycles=10, i.e. 11 trunk passes; each costs the same, so the trunk's time grows "
+        "in proportion", scales=True, workflow="inference",
+    ),
+    RealSetting(AF3_SIZES, "model sizes", SIZES_WHY, setting="workload=fold (AF3's sizes)"),
+    Limitation(
+        "diffusion samples per trunk", 1, 5,
+        "the fold model denoises one sample; AF3 batches 5, which multiplies the sampler's work",
+        workflow="inference",
+    ),
+)  # fmt: skip
 
 
 class FoldWorkload(PairformerWorkload):
     """Sizes default to AlphaFold3's (configs/workload/fold.yaml); fold_small is the CPU preset."""
 
     name = "fold"
+    real_job = AF3_INFERENCE
 
     def __init__(
         self,

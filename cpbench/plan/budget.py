@@ -1,0 +1,160 @@
+"""The time budget of a run, as a pure function of its plan, one measured step and the budget.
+
+The estimate: a step at N costs the measured step's time scaled by (N / N_measured)^2, the size of the
+pair representation (docs/budget.md compares it with measured steps: close at the N a CPU runs; where
+the cubic triangle updates dominate, at large N, it comes out low); every walltime point runs its
+warm-up and timed steps; the probe's steps are the search of `cpbench.probe.search` run against a peak
+memory scaled the same way from the measured step's, then the full measurement at the N it predicts.
+
+Over budget, only what a benchmark may trim is cut, in this order: repeats down to
+`budget.min_repeats`, sweep points (never the largest N, never the N of a point kept), the probe's
+granularity (doubled up to its start N). The job's shape (model, N, precision, CP size) is never
+changed: a plan that cannot fit without it is refused.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from cpbench.core import Shape
+from cpbench.probe.search import SearchConfig, Trial, next_trial
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a run will measure: its walltime points, their steps, and the probe (None: off)."""
+
+    points: tuple[Shape, ...]
+    warmup: int
+    repeats: int
+    probe: SearchConfig | None = None
+    measure_at_max: bool = True  # the probe's full measurement at the largest N that fits
+
+
+@dataclass(frozen=True)
+class Step:
+    """The measured step the estimate scales from: its N, time, and peak memory against the cap."""
+
+    n: int
+    seconds: float
+    peak_gib: float | None = None
+    baseline_gib: float = 0.0  # held before any step (CPU); the part of the peak that does not grow
+    # What a measurement costs besides its steps (building the batch, agreeing, releasing memory),
+    # paid once per point and once per probe step.
+    overhead_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class Verdict:
+    plan: Plan  # the plan to run: the trimmed one, or the given one when refused
+    seconds: float  # its estimated time
+    probe_steps: int  # the probe's expected steps in it
+    cuts: tuple[str, ...] = ()
+    refusal: str | None = None  # set: nothing runs
+
+    def summary(self, budget_minutes: float | None, step: Step) -> str:
+        """One line: `plan: 3 point(s) x (3 warm-up + 5 repeats) x ~0.4 s at N=64 (x (N/64)^2) + probe
+        ~8 step(s) = ~1.2 min, budget 8 min`."""
+        p = self.plan
+        points = f"{len(p.points)} point(s) x ({p.warmup} warm-up + {p.repeats} repeats)"
+        points += f" x ~{step.seconds:.2g} s at N={step.n} (x (N/{step.n})^2)"
+        if step.overhead_s:
+            points += f" + ~{step.overhead_s:.2g} s a measurement"
+        probe = f" + probe ~{self.probe_steps} step(s)" if p.probe else ""
+        budget = "no budget" if budget_minutes is None else f"budget {budget_minutes:g} min"
+        return f"plan: {points}{probe} = ~{duration(self.seconds)}, {budget}"
+
+
+def duration(seconds: float) -> str:
+    """`12 s`, `4.2 min`: as the plan line says it."""
+    return f"{seconds / 60:.2g} min" if seconds >= 60 else f"{seconds:.2g} s"
+
+
+def step_seconds(step: Step, n: int) -> float:
+    return step.seconds * (n / step.n) ** 2
+
+
+def _peak_gib(step: Step, n: int) -> float | None:
+    if step.peak_gib is None:
+        return None
+    return step.baseline_gib + (step.peak_gib - step.baseline_gib) * (n / step.n) ** 2
+
+
+def probe_trials(search: SearchConfig, step: Step) -> list[Trial]:
+    """The trials the probe is expected to make: its own search, fed the peaks predicted from `step`.
+    With no memory cap and no max_tokens the search has no predicted end: one ramp step is counted."""
+    trials: list[Trial] = []
+    while (proposal := next_trial(search, trials)) is not None and len(trials) < 64:
+        peak = _peak_gib(step, proposal.n)
+        fits = search.budget_gib is None or peak is None or peak <= search.budget_gib
+        trials.append(Trial(n=proposal.n, fits=fits, status="ok" if fits else "oom", peak_gib=peak))
+        if search.budget_gib is None and search.max_tokens is None:
+            break
+    return trials
+
+
+def estimate(plan: Plan, step: Step) -> tuple[float, int]:
+    """Seconds of the plan's steps, and the probe's expected step count."""
+    per_point = plan.warmup + plan.repeats
+    seconds = sum(step.overhead_s + per_point * step_seconds(step, s.n_tokens) for s in plan.points)
+    if plan.probe is None:
+        return seconds, 0
+    tried = probe_trials(plan.probe, step)
+    seconds += sum(step.overhead_s + step_seconds(step, t.n) for t in tried)
+    fits = [t.n for t in tried if t.fits]
+    if plan.measure_at_max and fits:
+        seconds += step.overhead_s + per_point * step_seconds(step, max(fits))
+    return seconds, len(tried)
+
+
+def _drop_one(points: tuple[Shape, ...]) -> tuple[Shape, ...] | None:
+    """Fewer points: the smallest N other than the largest, so the job's size stays measured."""
+    if len(points) <= 1:
+        return None
+    largest = max(points, key=lambda s: s.n_tokens)
+    victim = min((s for s in points if s is not largest), key=lambda s: s.n_tokens)
+    return tuple(s for s in points if s is not victim)
+
+
+def fit_budget(plan: Plan, step: Step, minutes: float | None, min_repeats: int) -> Verdict:
+    """The plan that fits `minutes`, with each cut named; or, when even the most trimmed plan does
+    not fit, a refusal (with that plan and its cuts). `minutes=None`: no budget, the plan as given."""
+    seconds, probe_steps = estimate(plan, step)
+    if minutes is None or seconds <= minutes * 60:
+        return Verdict(plan, seconds, probe_steps)
+    limit, trimmed, cuts = minutes * 60, plan, []
+
+    def fits(candidate: Plan) -> bool:
+        return estimate(candidate, step)[0] <= limit
+
+    floor = min(plan.repeats, min_repeats)
+    while trimmed.repeats > floor and not fits(trimmed):
+        trimmed = replace(trimmed, repeats=trimmed.repeats - 1)
+    if trimmed.repeats < plan.repeats:
+        cuts.append(
+            f"timing.repeats {plan.repeats} -> {trimmed.repeats} "
+            f"(the floor is budget.min_repeats={min_repeats})"
+        )
+    dropped: list[int] = []
+    while not fits(trimmed) and (fewer := _drop_one(trimmed.points)) is not None:
+        dropped += [s.n_tokens for s in trimmed.points if s not in fewer]
+        trimmed = replace(trimmed, points=fewer)
+    if dropped:
+        kept = ", ".join(str(s.n_tokens) for s in trimmed.points)
+        cuts.append(f"sweep points: N={', '.join(map(str, dropped))} dropped, N={kept} kept")
+    if trimmed.probe is not None:
+        search = trimmed.probe
+        while not fits(trimmed) and search.granularity * 2 <= search.start:
+            search = replace(search, granularity=search.granularity * 2)
+            trimmed = replace(trimmed, probe=search)
+        if search.granularity != plan.probe.granularity:
+            cuts.append(f"probe.granularity {plan.probe.granularity} -> {search.granularity}")
+    seconds, probe_steps = estimate(trimmed, step)
+    if seconds <= limit:
+        return Verdict(trimmed, seconds, probe_steps, tuple(cuts))
+    least = Verdict(trimmed, seconds, probe_steps).summary(minutes, step).removeprefix("plan: ")
+    refusal = (
+        f"budget.minutes={minutes:g}: even trimmed to the least the job allows ({least}) the plan does "
+        "not fit; nothing run (raise budget.minutes, or budget.minutes=null to run it all)"
+    )
+    return Verdict(trimmed, seconds, probe_steps, tuple(cuts), refusal)
