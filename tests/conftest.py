@@ -14,7 +14,14 @@ import pytest
 TESTS = Path(__file__).resolve().parent
 # The cheapest workload, unless a test names another (a later override wins).
 BASE = ["workload=axial_mix"]
-TIMING = ["timing.warmup=1", "timing.repeats=2", "log.progress=false"]
+# Fixed step counts (caps at the floors): the adaptive warm-up and repeats are tested on their own.
+TIMING = [
+    "timing.warmup=1",
+    "timing.repeats=2",
+    "timing.warmup_max=1",
+    "timing.repeats_max=2",
+    "log.progress=false",
+]
 FAST = [*TIMING, "probe.enabled=false"]  # walltime points only: tests of the probe turn it on
 
 

@@ -307,6 +307,37 @@ def _oversubscribed(meta: dict[str, Any]) -> str:
     return ""
 
 
+def _repeat_check_lines(meta: dict[str, Any]) -> list[str]:
+    """repeat_check's spreads (run.json): per point and figure the range over the runs, and the
+    largest relative spread of each figure, the run's own tolerance."""
+    check = meta.get("repeat_check")
+    if not check:
+        return []
+    figures = list(check["tolerance"])
+    tolerance = ", ".join(f"{name} {value:.3g}" for name, value in check["tolerance"].items())
+    tolerance = tolerance or "none (no point finished in every run)"
+    lines = [
+        "",
+        f"## Same answer twice (repeat_check={check['runs']})",
+        "",
+        f"The configuration's points, run {check['runs']} times with the same seed (the runs after the "
+        "first in repeat_check/): per figure min to max, and (max - min) / abs(median). The largest "
+        f"relative spread of each figure is this run's tolerance: {tolerance}.",
+        "",
+    ]
+
+    def cell(point: dict[str, Any], name: str) -> str:
+        if name not in point:
+            return ""
+        v = point[name]
+        return f"{_fmt(v['min'], 10)} to {_fmt(v['max'], 10)} ({v['relative']:.3g})"
+
+    rows = [
+        (p["N_tokens"], p["N_atoms"], p["MSA_depth"], *(cell(p, f) for f in figures)) for p in check["points"]
+    ]
+    return lines + _table(["N_tokens", "N_atoms", "MSA", *figures], rows)
+
+
 def render(frame: pd.DataFrame, meta: dict[str, Any], title: str = "cpbench results") -> str:
     """One run's report. Rows of several configurations (a rerun into the same folder with other
     settings) each get their own table and readout: they are never compared or mixed."""
@@ -319,15 +350,15 @@ def render(frame: pd.DataFrame, meta: dict[str, Any], title: str = "cpbench resu
     configs = list(frame.groupby("config_hash", sort=False)) if "config_hash" in frame.columns else []
     if len(configs) <= 1:
         lines += _rows_table(frame) + _errors(frame)
-        lines += ["", "## Readout", "", readout(frame) + _oversubscribed(meta), ""]
-        return "\n".join(lines)
+        lines += ["", "## Readout", "", readout(frame) + _oversubscribed(meta)]
+        return "\n".join([*lines, *_repeat_check_lines(meta), ""])
     for config, rows in configs:
         seeds = ", ".join(str(s) for s in rows["seed"].unique()) if "seed" in rows else "?"
         current = " (this run's)" if config == meta.get("config_hash") else ""
         lines += [f"### config `{config}`{current}, seed {seeds}", ""]
         lines += _rows_table(rows) + _errors(rows)
         lines += ["", "Readout: " + readout(rows) + (_oversubscribed(meta) if current else ""), ""]
-    return "\n".join(lines)
+    return "\n".join([*lines, *_repeat_check_lines(meta)])
 
 
 def hardware(metas: Sequence[dict[str, Any]]) -> str:
