@@ -223,18 +223,21 @@ def _noise_sentences(frame: pd.DataFrame) -> list[str]:
 
 
 def _failure_sentences(frame: pd.DataFrame) -> list[str]:
-    failed = frame[frame["status"] != "ok"]
-    if failed.empty:
-        return []
     several = frame["cp"].nunique() > 1
-    return [
-        f"{len(failed)} point(s) did not finish: "
-        + "; ".join(
-            f"N={r.N_tokens}" + (f" cp={r.cp}" if several else "") + f" {r.status}"
-            for r in failed.itertuples()
+
+    def points(rows: pd.DataFrame) -> str:
+        return "; ".join(
+            f"N={r.N_tokens}" + (f" cp={r.cp}" if several else "") + f" {r.status}" for r in rows.itertuples()
         )
-        + "."
-    ]
+
+    wrong = frame[frame["status"] == "mismatch"]
+    failed = frame[~frame["status"].isin(["ok", "mismatch"])]
+    sentences = [f"{len(failed)} point(s) did not finish: {points(failed)}."] if not failed.empty else []
+    if not wrong.empty:
+        sentences.append(
+            f"{len(wrong)} point(s) disagree with the cp=1 run (mode=accuracy): {points(wrong)}."
+        )
+    return sentences
 
 
 def readout(frame: pd.DataFrame) -> str:
