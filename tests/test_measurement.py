@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 import torch
 import torch.distributed as dist
-from conftest import FAST, cpbench, ok, results
+from conftest import FAST, TIMING, cpbench, ok, results
 
 from cpbench.core import Shape, Topology
 from cpbench.measure.memory import read_peak_gib, release, reset_peak
@@ -197,7 +197,7 @@ def test_budget_overrun_on_one_rank_bounds_the_probe(tmp_path):
     probe = ["sweep.n_tokens=[16]", "probe.enabled=true", "probe.start=64", "probe.granularity=64"]
     fault = ["fault.rank=1", "fault.at_n=256", "fault.where=step", "fault.kind=overrun"]
     args = ["topology.cp=2", *probe, "probe.measure_at_max=false", "memory.cpu_budget_gib=0.5", *fault]
-    args += ["timing.warmup=1", "timing.repeats=2", "log.progress=false", f"output_dir={out}"]
+    args += [*TIMING, f"output_dir={out}"]
     proc = ok(cpbench(*args, cwd=tmp_path, timeout=180))
     frame = results(out)
     row = frame[frame["kind"] == "max-fit"].iloc[0]
