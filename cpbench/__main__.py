@@ -5,6 +5,8 @@ In a multirun each job writes to its own folder and a failed job does not stop t
 from __future__ import annotations
 
 import contextlib
+import copy
+import dataclasses
 import os
 import signal
 import sys
@@ -20,8 +22,10 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from torch.distributed.elastic.multiprocessing.api import SignalException
 
-from cpbench.bench import RunSpec, run_rank
+from cpbench.bench import RunSpec, hashed_config, run_rank
 from cpbench.callbacks import CheckOutputDir
+from cpbench.checks.accuracy import MISMATCH, reference_settings
+from cpbench.checks.repeat import repeat_spread
 from cpbench.core import ConfigError
 from cpbench.launch import slurm
 from cpbench.launch.baseline import attach_baseline
@@ -34,7 +38,8 @@ from cpbench.report.markdown import what_changed_lines
 from cpbench.report.single import write_report
 from cpbench.results.folder import FolderLocked, RunFolder
 from cpbench.runtime.rank import pick_backend
-from cpbench.settings.schema import BenchConfig, register
+from cpbench.runtime.seed import deterministic
+from cpbench.settings.schema import BenchConfig, Mode, register
 from cpbench.settings.validate import to_settings, validate
 from cpbench.workloads.adapter import WorkloadError
 from cpbench.workloads.base import Workload
@@ -64,6 +69,25 @@ def _check_environment(settings: BenchConfig, cp: int) -> None:
             raise ConfigError(
                 f"topology.cp={cp}: needs {local} GPUs on this node, {visible} visible (one rank per GPU)"
             )
+
+
+def _check_runs_of_its_own(settings: BenchConfig) -> None:
+    """mode=accuracy and repeat_check start runs of their own (the cp=1 reference, the repeats), which
+    only the process that launches the ranks can."""
+    asked = [
+        name
+        for name, on in (
+            ("mode=accuracy", settings.mode is Mode.accuracy),
+            ("repeat_check", settings.repeat_check),
+        )
+        if on
+    ]
+    where = "slurm.enabled=true" if settings.slurm.enabled else "torchrun" if _under_torchrun() else None
+    if asked and where:
+        raise ConfigError(
+            f"{asked[0]}: it launches runs of its own (cp=1, repeats); "
+            f"run it with `python -m cpbench`, not {where}"
+        )
 
 
 def _in_submitit_job() -> bool:
@@ -117,6 +141,8 @@ def run(cfg: DictConfig, in_sweep: bool = False, baseline_root: Path | None = No
         else:
             _job_tasks_as_ranks(topology.cp)
             _check_environment(settings, topology.cp)
+        _check_runs_of_its_own(settings)
+        deterministic(settings.mode is Mode.accuracy)  # before anything starts CUDA in this process
         workload = _build_workload(settings)
         check_topology = getattr(workload, "check_topology", None)
         if callable(check_topology):
@@ -180,10 +206,77 @@ def _check_footprint(folder: RunFolder, before: Snapshot) -> None:
 
 
 def _run(spec: RunSpec, workload: Workload, cp: int, in_sweep: bool) -> int:
-    folder = RunFolder(spec.output_dir)
-    if spec.settings.slurm.enabled:
+    settings = spec.settings
+    if settings.slurm.enabled:
         return _submit(spec, cp, in_sweep)
-    if _under_torchrun() or (cp == 1 and not in_sweep):
+    if _under_torchrun():
+        run_rank(spec, workload)
+        return 0
+    if settings.mode is Mode.accuracy:
+        reference, code = run_cp1_reference(spec, in_sweep)
+        if code:
+            return code
+        spec = dataclasses.replace(spec, reference_dir=str(reference.root))
+    code = _run_local(spec, workload, cp, in_sweep)
+    if code == 0 and settings.repeat_check:
+        code = _repeat_check(spec, cp, in_sweep)
+    if code == 0 and settings.mode is Mode.accuracy:
+        code = _accuracy_outcome(RunFolder(spec.output_dir), hashed_config(settings))
+    return code
+
+
+def run_cp1_reference(spec: RunSpec, in_sweep: bool) -> tuple[RunFolder, int]:
+    """mode=accuracy's reference: the same config at cp=1 (`reference_settings`), run by the local
+    launcher in output_dir/reference_cp1 (which resumes like any run folder). Returns the folder and
+    the run's exit code."""
+    folder = RunFolder(spec.output_dir).reference
+    print(f"cpbench: accuracy: the cp=1 reference run -> {folder.root}", file=sys.stderr)
+    reference = RunSpec(settings=reference_settings(spec.settings), output_dir=str(folder.root))
+    return folder, _run_local(reference, None, 1, in_sweep)
+
+
+def _repeat_check(spec: RunSpec, cp: int, in_sweep: bool) -> int:
+    """Run the configuration's points again (repeat_check - 1 more runs, without the probe) and record
+    each figure's spread over all the runs in run.json and the report."""
+    folder, settings = RunFolder(spec.output_dir), spec.settings
+    again = copy.deepcopy(settings)
+    again.repeat_check, again.probe.enabled = 0, False
+    folders = [folder]
+    for number in range(2, settings.repeat_check + 1):
+        run = folder.repeat_run(number)
+        print(
+            f"cpbench: repeat_check: run {number} of {settings.repeat_check} -> {run.root}", file=sys.stderr
+        )
+        code = _run_local(
+            dataclasses.replace(spec, settings=again, output_dir=str(run.root)), None, cp, in_sweep
+        )
+        if code:
+            return code
+        folders.append(run)
+    spread = repeat_spread([f.read_results() for f in folders], hashed_config(settings))
+    folder.write_metadata({**folder.read_metadata(), "repeat_check": spread})
+    write_report(folder.root)
+    figures = ", ".join(f"{name} {value:.3g}" for name, value in spread["tolerance"].items())
+    print(
+        f"cpbench: repeat_check: largest relative spread over {spread['runs']} runs: {figures}",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def _accuracy_outcome(folder: RunFolder, config_hash: str) -> int:
+    """1 when a point disagrees with the cp=1 run, each named with both values."""
+    frame = folder.read_results()
+    failed = frame[(frame["status"] == MISMATCH) & (frame["config_hash"] == config_hash)]
+    for row in failed.itertuples():
+        print(f"cpbench: N={row.N_tokens} differs from cp=1: {row.error}", file=sys.stderr)
+    return 1 if len(failed) else 0
+
+
+def _run_local(spec: RunSpec, workload: Workload | None, cp: int, in_sweep: bool) -> int:
+    """The ranks of one run on this machine: in this process (cp=1 outside a sweep), or launched."""
+    folder = RunFolder(spec.output_dir)
+    if cp == 1 and not in_sweep:
         run_rank(spec, workload)
         return 0
     try:

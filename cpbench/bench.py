@@ -19,6 +19,7 @@ from omegaconf import OmegaConf
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
 
+from cpbench.checks import accuracy
 from cpbench.core import RankContext, Shape, Topology
 from cpbench.inputs import load_features
 from cpbench.measure.budget import apply_budget
@@ -45,8 +46,8 @@ from cpbench.results.row import BASELINE, ResultRow
 from cpbench.runtime import logs
 from cpbench.runtime.logs import CONSOLE, LOG
 from cpbench.runtime.rank import pick_backend, rank_runtime
-from cpbench.runtime.seed import seed_all
-from cpbench.settings.schema import BenchConfig, Workflow
+from cpbench.runtime.seed import deterministic, seed_all
+from cpbench.settings.schema import BenchConfig, Mode, Workflow
 from cpbench.sweep import resolve_shape, sweep_points
 from cpbench.workloads.base import Workload
 
@@ -59,6 +60,7 @@ class RunSpec:
     output_dir: str
     # The what-changed table (`cpbench.plan.changes`), made before launch; rank 0 records it in run.json.
     what_changed: list[dict[str, Any]] = field(default_factory=list)
+    reference_dir: str | None = None  # mode=accuracy: the cp=1 run each point is checked against
 
     @property
     def topology(self) -> Topology:
@@ -71,6 +73,7 @@ def run_rank(spec: RunSpec, workload: Workload | None = None) -> None:
     settings = spec.settings
     dtype = getattr(torch, settings.dtype.value)
     dist_cfg = settings.dist
+    deterministic(settings.mode is Mode.accuracy)  # before CUDA starts: it sets the cuBLAS workspace
     with rank_runtime(spec.topology, dist_cfg.backend, dist_cfg.timeout_s, dtype, settings.seed) as ctx:
         ctx.data_path = settings.data.path
         # Agreement and result reductions run on their own CPU group, apart from the workload's.
@@ -78,8 +81,12 @@ def run_rank(spec: RunSpec, workload: Workload | None = None) -> None:
         folder = RunFolder(_broadcast(spec.output_dir, control))  # rank 0 decides, the others follow
         logs.setup(ctx.rank, settings.log.all_ranks, folder.rank_log(ctx.rank))
         try:
-            workload = workload or instantiate(settings.workload)
-            Bench(settings, ctx, control, folder, workload, spec.what_changed).run()
+            bench = Bench(
+                settings, ctx, control, folder, workload or instantiate(settings.workload), spec.what_changed
+            )
+            if spec.reference_dir and bench.lead:
+                bench.check_against(RunFolder(spec.reference_dir))
+            bench.run()
         except Exception as err:
             # Record the root cause before teardown: once this rank leaves, its peers fail too, and
             # the launcher must be able to tell which rank failed first and why.
@@ -102,7 +109,19 @@ def hashed_config(settings: BenchConfig) -> str:
     """The settings that decide each point's numbers: not which points (a point's row names its own
     shape), nor where they are written or how loudly. Rows of an equal hash are resumable."""
     container = OmegaConf.to_container(OmegaConf.structured(settings), resolve=True, enum_to_str=True)
-    skipped = ("output_dir", "log", "sweep", "probe", "shape", "slurm", "launch", "baseline", "budget", "job")
+    skipped = (
+        "output_dir",
+        "log",
+        "sweep",
+        "probe",
+        "shape",
+        "slurm",
+        "launch",
+        "baseline",
+        "budget",
+        "job",
+        "repeat_check",
+    )
     for key in skipped:
         container.pop(key, None)
     return metadata.config_hash(OmegaConf.to_yaml(OmegaConf.create(container)))
@@ -133,9 +152,15 @@ class Bench:
         self.workload_name = getattr(workload, "name", type(workload).__name__)
         f = settings.fault
         self.heartbeat = logs.Heartbeat(settings.log.heartbeat_s if self.lead else None)
+        self.accuracy = settings.mode is Mode.accuracy
+        timing = settings.timing
         self.point_settings = PointSettings(
-            warmup=settings.timing.warmup,
-            repeats=settings.timing.repeats,
+            warmup=timing.warmup,
+            repeats=timing.repeats,
+            warmup_max=timing.warmup_max,
+            repeats_max=timing.repeats_max,
+            settle_pct=timing.settle_pct,
+            iqr_pct=timing.iqr_pct,
             budget=_apply_budget(settings, ctx),
             fault=Fault(f.rank, f.at_n, f.where, f.kind),
             agree_wait_s=settings.dist.agree_timeout_s,
@@ -144,12 +169,20 @@ class Bench:
             profile_comm=settings.measure.profile_comm,
             progress=self.heartbeat.step,
         )
+        if self.accuracy:  # runs compared with each other take the same steps (training moves the weights)
+            self.point_settings = self.point_settings.fixed()
+        self.reference: dict[str, dict[str, Any]] | None = None  # rank 0, mode=accuracy: cp=1's rows
         self.runner: StepRunner | None = None
         self.done: set[str] = set()
         self.what_changed = what_changed or []  # rank 0 records it in run.json
         self.planned_at: float | None = None  # when the budget's timed step started
         self.largest: tuple[Shape, PointResult] | None = None  # the largest point measured, ok
         self.overhead_s = 0.0  # a measurement's time besides its steps, from the budget's timed one
+
+    def check_against(self, reference: RunFolder) -> None:
+        """Check every point this rank records against the cp=1 run in `reference` (rank 0)."""
+        config_hash = hashed_config(accuracy.reference_settings(self.settings))
+        self.reference = accuracy.reference_rows(reference, config_hash)
 
     def run(self) -> None:
         with self.heartbeat:
@@ -312,7 +345,9 @@ class Bench:
         seed_all(self.settings.seed)
         model = self.workload.build_model(self.ctx)
         optim = self.settings.optim
-        return StepRunner(self.workload, model, self.train, self.ctx, optim.lr, optim.weight_decay)
+        return StepRunner(
+            self.workload, model, self.train, self.ctx, optim.lr, optim.weight_decay, self.accuracy
+        )
 
     def _measure(self, shape: Shape, settings: PointSettings) -> PointResult:
         """One point or probe step. After running out of memory the model is built afresh: a step
@@ -412,6 +447,12 @@ class Bench:
                 self.folder.append_comm_ops([{**row.as_dict(), **op} for op in result.comm_ops])
             tokens_per_s = shape.n_tokens / (result.walltime_ms / 1e3) if result.walltime_ms else None
             measured = dataclasses.replace(row, **result.as_row(), tokens_per_s=tokens_per_s)
+            if self.reference is not None and measured.status == "ok":
+                rtol = accuracy.tolerance(self.settings)
+                status, error = accuracy.check_point(measured.as_dict(), self.reference.get(row.key), rtol)
+                measured = dataclasses.replace(measured, status=status, error=error)
+                if error:
+                    LOG.warning("N=%d: %s", shape.n_tokens, error)
             self.folder.in_flight.finish(measured.as_dict())
             LOG.info(
                 "N=%d atoms=%d S=%d: %s", shape.n_tokens, shape.n_atoms, shape.msa_depth, _summary(result)

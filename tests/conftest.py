@@ -16,7 +16,14 @@ TESTS = Path(__file__).resolve().parent
 # own cp alone, without the cp=1 baseline (tests/test_baseline.py turns it on), and with no time budget:
 # a test run is no benchmark, and its step count stays what the test sets (tests/test_budget.py sets one).
 BASE = ["workload=axial_mix", "baseline=false", "budget.minutes=null"]
-TIMING = ["timing.warmup=1", "timing.repeats=2", "log.progress=false"]
+# Fixed step counts (caps at the floors): the adaptive warm-up and repeats are tested on their own.
+TIMING = [
+    "timing.warmup=1",
+    "timing.repeats=2",
+    "timing.warmup_max=1",
+    "timing.repeats_max=2",
+    "log.progress=false",
+]
 FAST = [*TIMING, "probe.enabled=false"]  # walltime points only: tests of the probe turn it on
 
 

@@ -96,7 +96,7 @@ def _in_flight(out: Path) -> dict | None:
 
 # Enough points that a run is still busy when the test acts on it.
 SLOW = ["topology.cp=2", "sweep.n_tokens=[16,32,64,96,128,160,192,224,256]", "timing.warmup=1",
-        "timing.repeats=20", "log.progress=false", "probe.enabled=false"]  # fmt: skip
+        "timing.repeats=20", "timing.warmup_max=1", "log.progress=false", "probe.enabled=false"]  # fmt: skip
 
 
 def test_a_second_run_into_the_same_folder_is_refused_and_the_first_keeps_every_row(tmp_path):
@@ -249,7 +249,8 @@ def test_a_piped_run_says_which_step_is_under_way(tmp_path):
     """Without a terminal, rank 0's heartbeat names the point and the step under way, with the time."""
     out = tmp_path / "out"
     args = ["topology.cp=1", "sweep.n_tokens=[256]", "timing.warmup=1", "timing.repeats=20",
-            "probe.enabled=false", "log.heartbeat_s=0.05", f"output_dir={out}"]  # fmt: skip
+            "timing.warmup_max=1", "probe.enabled=false", "log.heartbeat_s=0.05",
+            f"output_dir={out}"]  # fmt: skip
     proc = ok(cpbench(*args, cwd=tmp_path, timeout=120))
     beats = [line for line in proc.stderr.splitlines() if line.startswith("... N=256")]
     assert beats, proc.stderr

@@ -10,11 +10,11 @@ import pandas as pd
 import pytest
 import torch
 import torch.distributed as dist
-from conftest import FAST, cpbench, ok, results
+from conftest import FAST, TIMING, cpbench, ok, results
 
 from cpbench.core import Shape, Topology
 from cpbench.measure.memory import read_peak_gib, release, reset_peak
-from cpbench.measure.point import PointSettings, _summarise, measure_point
+from cpbench.measure.point import PointSettings, RankSteps, _summarise, measure_point
 from cpbench.measure.stats import PointTimes, RepeatTiming, comm_mib_per_step, median_iqr, slowest
 from cpbench.measure.step import StepRunner
 from cpbench.runtime.rank import rank_runtime
@@ -66,8 +66,9 @@ def _summarise_on_rank(rank: int, store: str, out: mp.Queue) -> None:
         ops = [
             {"op": "a2a", "calls": 4, "fwd_bytes": 2**20 * (rank + 1), "bwd_bytes": 0, "seconds": 0.1 * rank}
         ]
-        timed = (RANKS[rank], 1.5 * (rank + 1), 2**20 * [4, 6][rank], ops, 0.0)  # no profiled comm
-        result = _summarise(timed, peak=0.5, repeats=3, control=dist.group.WORLD)
+        first = [30.0, 40.0][rank] * MS
+        timed = RankSteps(RANKS[rank], 1.5 * (rank + 1), 2**20 * [4, 6][rank], ops, 0.0, first, 1, None)
+        result = _summarise(timed, peak=0.5, control=dist.group.WORLD)
         out.put((rank, result))
     finally:
         dist.destroy_process_group()
@@ -96,6 +97,8 @@ def test_summarise_reduces_every_rank_through_the_pure_functions(tmp_path):
             assert getattr(result, name) == pytest.approx(value), name
         assert result.comm_mib_per_step == pytest.approx(6)
         assert result.checksum == pytest.approx(4.5)
+        assert result.repeats == 3 and result.warmup_steps == 1
+        assert result.first_step_ms == pytest.approx(40)  # the slowest rank's first step
         assert result.comm_ops == [
             pytest.approx(
                 {"op": "a2a", "calls": 4 / 3, "fwd_bytes": 2 * 2**20 / 3, "bwd_bytes": 0, "seconds": 0.1 / 3}
@@ -194,7 +197,7 @@ def test_budget_overrun_on_one_rank_bounds_the_probe(tmp_path):
     probe = ["sweep.n_tokens=[16]", "probe.enabled=true", "probe.start=64", "probe.granularity=64"]
     fault = ["fault.rank=1", "fault.at_n=256", "fault.where=step", "fault.kind=overrun"]
     args = ["topology.cp=2", *probe, "probe.measure_at_max=false", "memory.cpu_budget_gib=0.5", *fault]
-    args += ["timing.warmup=1", "timing.repeats=2", "log.progress=false", f"output_dir={out}"]
+    args += [*TIMING, f"output_dir={out}"]
     proc = ok(cpbench(*args, cwd=tmp_path, timeout=180))
     frame = results(out)
     row = frame[frame["kind"] == "max-fit"].iloc[0]

@@ -90,6 +90,7 @@ def test_cli_training_2d(tmp_path) -> None:
     out = tmp_path / "out"
     overrides = ["workload=pairformer_small", "workload.n_blocks=1", "workflow=training", "topology.kind=2d",
                  "topology.cp=4", "sweep.n_tokens=[14]", "timing.warmup=1", "timing.repeats=1",
+                 "timing.warmup_max=1", "timing.repeats_max=1",
                  "log.progress=false", "probe.enabled=false", f"output_dir={out}"]  # fmt: skip
     ok(cpbench(*overrides, cwd=tmp_path, timeout=300))
     frame = results(out)

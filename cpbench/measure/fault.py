@@ -1,7 +1,9 @@
 """Fault injection for the never-hang and agreement guarantees: one chosen rank runs out of memory (a
 real failing allocation), is killed, or overruns its budget (a peak over it that no failing allocation
 reports), at N_tokens >= a threshold, either while its batch is built (before the step's first
-collective) or inside the step between two collectives."""
+collective) or inside the step between two collectives. `perturb` instead gives a slightly wrong
+answer: every module output on the chosen rank is scaled by 1 + PERTURB in every step, as a CP bug on
+one rank would, for mode=accuracy's comparison with cp=1 to catch."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import torch
 from cpbench.distributed.comm import LEDGER
 
 OVERRUN_BYTES = 2**30
+PERTURB = 1e-4  # relative, per module output: well over float32 rounding, far under any real signal
 
 
 def _overrun() -> None:
@@ -57,6 +60,10 @@ class Fault:
         if self.where != "step" or not self.armed(rank, n_tokens):
             yield
             return
+        if self.kind == "perturb":
+            with _perturbed():
+                yield
+            return
         seen: list[int] = []  # the collective count at the step's first submodule call, then at the strike
 
         def hook(module, args):
@@ -72,3 +79,17 @@ class Fault:
             yield
         finally:
             handle.remove()
+
+
+@contextmanager
+def _perturbed() -> Iterator[None]:
+    def hook(module, args, output):
+        if isinstance(output, torch.Tensor) and output.is_floating_point():
+            return output * (1 + PERTURB)
+        return None
+
+    handle = torch.nn.modules.module.register_module_forward_hook(hook)
+    try:
+        yield
+    finally:
+        handle.remove()

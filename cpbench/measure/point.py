@@ -1,5 +1,10 @@
 """One measured point: build the batch (untimed), warm up, time the repeats, agree on the outcome.
 
+How many steps: at least `warmup` and `repeats`; when a cap is above its floor, more warm-up steps
+until the step time settles and more repeats while their IQR is wide. Every rank must take the same
+number of steps (the steps hold collectives), so those decisions are made on the slowest rank's step
+time, agreed by an all-reduce on the control group after each step, outside the timed region.
+
 Every rank agrees on "fits / does not fit" through one collective on the control group before any
 further collective runs; memory is released outside the `except` block, since a live traceback
 keeps the failing frames' tensors alive.
@@ -23,7 +28,7 @@ from cpbench.measure.checksum import local_share
 from cpbench.measure.fault import Fault
 from cpbench.measure.memory import read_peak_gib, release, reset_peak
 from cpbench.measure.oom import BudgetExceeded, describe, is_oom
-from cpbench.measure.stats import PointTimes, RepeatTiming, comm_mib_per_step
+from cpbench.measure.stats import PointTimes, RepeatTiming, comm_mib_per_step, settled, spread_wide
 from cpbench.measure.step import StepRunner
 from cpbench.runtime.logs import LOG
 from cpbench.runtime.seed import seed_all
@@ -43,6 +48,13 @@ class PointResult:
     comm_ms: float | None = None  # median over repeats of the largest per-rank time in collectives
     comm_mib_per_step: float | None = None  # max over ranks of MiB sent per step
     checksum: float | None = None  # float64 sum of the step output over all ranks
+    loss: float | None = None  # native training: the last repeat's loss (the sum of the ranks' shares)
+    grad_norm: float | None = None  # mode=accuracy, native training: see StepRunner.grad_norm
+    warmup_steps: int | None = None  # the warm-up steps taken
+    repeats: int | None = None  # the timed repeats taken
+    first_step_ms: float | None = (
+        None  # the first step (compile, autotune, allocator: paid once), slowest rank
+    )
     error: str = ""
     # Per op label: calls, bytes sent (forward, backward) and seconds per step, max over ranks.
     comm_ops: list[dict[str, Any]] = field(default_factory=list)
@@ -51,6 +63,8 @@ class PointResult:
         """The row's measured columns; a figure not measured (NaN: a phase of a whole step) is blank."""
         row = asdict(self)
         del row["comm_ops"]
+        if row["repeats"] is None:  # not measured: the row keeps the repeats it was set to take
+            del row["repeats"]
         return {k: None if isinstance(v, float) and math.isnan(v) else v for k, v in row.items()}
 
 
@@ -102,6 +116,12 @@ class PointSettings:
 
     warmup: int = 3
     repeats: int = 5
+    # Caps: a cap above its floor lets the warm-up go on until the step time settles (the last 3 within
+    # settle_pct %), and the repeats while their IQR is over iqr_pct % of the median.
+    warmup_max: int = 0
+    repeats_max: int = 0
+    settle_pct: float = 5.0
+    iqr_pct: float = 10.0
     budget: Budget | None = None
     fault: Fault = field(default_factory=Fault.off)
     agree_wait_s: float = 10.0  # after an OOM on one rank, how long to wait for the peers to agree
@@ -111,7 +131,11 @@ class PointSettings:
     progress: Callable[[str], None] | None = None  # told which step is under way, for a progress line
 
     def single_step(self) -> PointSettings:
-        return replace(self, warmup=0, repeats=1)
+        return replace(self, warmup=0, repeats=1, warmup_max=0, repeats_max=1)
+
+    def fixed(self) -> PointSettings:
+        """Exactly `warmup` and `repeats` steps: runs to be compared take the same steps."""
+        return replace(self, warmup_max=self.warmup, repeats_max=self.repeats)
 
 
 def comm_timing(device: torch.device, settings: PointSettings) -> str:
@@ -180,9 +204,9 @@ def measure_point(
         dist.all_gather_object(messages, failure, group=control)
         first = next((f"rank {r}: {m}" for r, m in enumerate(messages) if m), "")
         return PointResult(status="oom", peak_mem_gib=peak, error=first)
-    result = _summarise(timed, peak, settings.repeats, control)
+    result = _summarise(timed, peak, control, loss=runner.returns_loss)
     if settings.profile_comm:
-        seconds = _reduce([timed[-1]], control, dist.ReduceOp.MAX)[0]
+        seconds = _reduce([timed.profiled_s], control, dist.ReduceOp.MAX)[0]
         return replace(result, comm_ms=seconds * 1e3, comm_mib_per_step=None, comm_ops=[])
     if not settings.counts_comm:  # collectives the ledger cannot see: blank, not a misleading 0
         return replace(result, comm_ms=None, comm_mib_per_step=None, comm_ops=[])
@@ -229,17 +253,54 @@ def _comm_seconds(events: Any) -> float:
     return total / 1e6  # microseconds
 
 
-def _run_repeats(runner: StepRunner, batches: _Batches, control, settings: PointSettings):
+@dataclass
+class RankSteps:
+    """What one rank's steps of a point leave, gathered on the control group and reduced by `stats`."""
+
+    timings: list[RepeatTiming]
+    share: float | None  # this rank's share of the checksum of the last repeat's output
+    bytes_per_step: float
+    ops: list[dict[str, Any]]
+    profiled_s: float  # per step, in the profiler's communication events (measure.profile_comm)
+    first_step_s: float
+    warmup_steps: int
+    grad_norm: float | None
+
+
+def _slowest_ms(seconds: float, control: dist.ProcessGroup) -> float:
+    """The slowest rank's step time: what every rank decides on, so that all take the same steps."""
+    return _reduce([seconds * 1e3], control, dist.ReduceOp.MAX)[0]
+
+
+def _warm_up(runner: StepRunner, batches: _Batches, control, settings: PointSettings) -> list[float]:
+    """The warm-up steps' times (seconds, this rank's), `warmup` of them or, with a higher cap, until
+    the slowest rank's step time settles."""
     say = settings.progress or (lambda where: None)
-    for i in range(settings.warmup):
-        say(f"warm-up step {i + 1} of {settings.warmup}")
-        runner(batches.next())
+    most = max(settings.warmup, settings.warmup_max)
+    adaptive = most > settings.warmup
+    seconds, agreed = [], []
+    while len(seconds) < most:
+        say(f"warm-up step {len(seconds) + 1} of {settings.warmup}" + (f" to {most}" if adaptive else ""))
+        _, p = runner(batches.next())
+        seconds.append(p.total)
+        if adaptive:
+            agreed.append(_slowest_ms(p.total, control))
+        if len(seconds) >= settings.warmup and (not adaptive or settled(agreed, settings.settle_pct)):
+            break
+    return seconds
+
+
+def _run_repeats(runner: StepRunner, batches: _Batches, control, settings: PointSettings) -> RankSteps:
+    say = settings.progress or (lambda where: None)
+    warm = _warm_up(runner, batches, control, settings)
+    most = max(settings.repeats, settings.repeats_max)
+    adaptive = most > settings.repeats
     LEDGER.reset()
-    timings, out, batch = [], None, None
+    timings, agreed, out, batch = [], [], None, None
     profiler = torch.profiler.profile() if settings.profile_comm else contextlib.nullcontext()
     with profiler:
-        for i in range(settings.repeats):
-            say(f"timed step {i + 1} of {settings.repeats}")
+        while len(timings) < most:
+            say(f"timed step {len(timings) + 1} of {settings.repeats}" + (f" to {most}" if adaptive else ""))
             out = batch = None  # the last output and batch are freed before the next, as in a real run
             batch = batches.next()  # built outside the timer
             dist.barrier(group=control)  # start together; the barrier is outside the timed region
@@ -248,30 +309,45 @@ def _run_repeats(runner: StepRunner, batches: _Batches, control, settings: Point
                 out, p = runner(batch)
             comm = LEDGER.total_seconds - comm_before
             timings.append(RepeatTiming(p.total, p.forward, p.backward, p.optimizer, comm))
+            if adaptive:
+                agreed.append(_slowest_ms(p.total, control))
+            if len(timings) >= settings.repeats and (
+                not adaptive or not spread_wide(agreed, settings.iqr_pct)
+            ):
+                break
     profiled = _comm_seconds(profiler.events()) if settings.profile_comm else 0.0
-    return (
-        timings,
-        local_share(out),
-        LEDGER.total_bytes / settings.repeats,
-        LEDGER.table(),
-        profiled / settings.repeats,
+    return RankSteps(
+        timings=timings,
+        share=local_share(out),
+        bytes_per_step=LEDGER.total_bytes / len(timings),
+        ops=LEDGER.table(),
+        profiled_s=profiled / len(timings),
+        first_step_s=(warm or [timings[0].total])[0],
+        warmup_steps=len(warm),
+        grad_norm=runner.grad_norm,
     )
 
 
-def _summarise(timed, peak: float, repeats: int, control) -> PointResult:
+def _summarise(steps: RankSteps, peak: float, control, loss: bool = False) -> PointResult:
     """Every rank's figures, gathered on the control group and reduced by the pure functions of
-    `stats`, so that their unit tests pin what a run reports."""
+    `stats`, so that their unit tests pin what a run reports. With `loss`, the output is the loss."""
     gathered: list[Any] = [None] * dist.get_world_size(control)
-    dist.all_gather_object(gathered, timed, group=control)
-    timings, shares, bytes_per_step, ops, _ = zip(*gathered, strict=True)
-    counted = [share for share in shares if share is not None]  # blank when no rank returned a tensor
+    dist.all_gather_object(gathered, steps, group=control)
+    counted = [s.share for s in gathered if s.share is not None]  # blank when no rank returned a tensor
+    checksum = math.fsum(counted) if counted else None
+    repeats = len(steps.timings)
     return PointResult(
         status="ok",
         peak_mem_gib=peak,
-        **asdict(PointTimes.across_ranks(timings)),
-        comm_mib_per_step=comm_mib_per_step(bytes_per_step),
-        checksum=math.fsum(counted) if counted else None,
-        comm_ops=_slowest_ops(ops, repeats),
+        **asdict(PointTimes.across_ranks([s.timings for s in gathered])),
+        comm_mib_per_step=comm_mib_per_step([s.bytes_per_step for s in gathered]),
+        checksum=checksum,
+        loss=checksum if loss else None,
+        grad_norm=steps.grad_norm,  # the summed gradients: the same on every rank
+        warmup_steps=steps.warmup_steps,
+        repeats=repeats,
+        first_step_ms=max(s.first_step_s for s in gathered) * 1e3,
+        comm_ops=_slowest_ops([s.ops for s in gathered], repeats),
     )
 
 

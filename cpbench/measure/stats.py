@@ -68,6 +68,22 @@ class PointTimes:
         return cls.of(slowest(per_rank))
 
 
+SETTLE_STEPS = 3  # the warm-up has settled when this many last step times agree
+
+
+def settled(step_ms: Sequence[float], pct: float) -> bool:
+    """The last SETTLE_STEPS step times lie within `pct` % of the smallest of them: the one-off costs
+    (compilation, autotuning, the allocator's first requests) are paid."""
+    last = step_ms[-SETTLE_STEPS:]
+    return len(last) == SETTLE_STEPS and max(last) - min(last) <= pct / 100 * min(last)
+
+
+def spread_wide(step_ms: Sequence[float], pct: float) -> bool:
+    """The IQR of the timed steps is over `pct` % of their median: more repeats are worth taking."""
+    median, iqr = median_iqr(step_ms)
+    return iqr > pct / 100 * median
+
+
 def comm_mib_per_step(bytes_per_step: Sequence[float]) -> float:
     """MiB sent per step by the rank that sends the most (ranks of a 2d grid send unequal amounts)."""
     return max(bytes_per_step) / 2**20

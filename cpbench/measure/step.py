@@ -74,6 +74,7 @@ class StepRunner:
         ctx: RankContext,
         lr: float,
         weight_decay: float,
+        track_grad_norm: bool = False,
     ):
         self.workload, self.model, self.train, self.device = workload, model, train, ctx.device
         self.contract = Contract(getattr(workload, "contract", Contract.native))
@@ -86,6 +87,16 @@ class StepRunner:
             torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay) if native_train and params else None
         )
         self.grad_group = dist.group.WORLD if ctx.world_size > 1 else None
+        self.track_grad_norm = track_grad_norm and self.optimizer is not None
+        # The last step's L2 norm (float64) of the replicated parameters' gradients after their sum
+        # over the ranks, when tracked (mode=accuracy): a checked quantity, the same on every rank.
+        # DTensor parameters' gradients belong to the model and are left out.
+        self.grad_norm: float | None = None
+
+    @property
+    def returns_loss(self) -> bool:
+        """native training: the step's output is the loss (each rank's share of it)."""
+        return self.train and self.contract is Contract.native
 
     @property
     def fresh_batch_per_step(self) -> bool:
@@ -109,6 +120,8 @@ class StepRunner:
         clock.mark()
         if self.optimizer is not None:
             self._sum_gradients()
+            if self.track_grad_norm:
+                self.grad_norm = _norm([p.grad for p in self.replicated if p.grad is not None])
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
         clock.mark()
@@ -138,3 +151,8 @@ class StepRunner:
         for g in grads:
             g.copy_(flat[offset : offset + g.numel()].view_as(g))
             offset += g.numel()
+
+
+@torch.no_grad()
+def _norm(grads: list[torch.Tensor]) -> float:
+    return math.sqrt(math.fsum(float(g.double().pow(2).sum()) for g in grads))

@@ -250,18 +250,21 @@ def _noise_sentences(frame: pd.DataFrame) -> list[str]:
 
 
 def _failure_sentences(frame: pd.DataFrame) -> list[str]:
-    failed = frame[frame["status"] != "ok"]
-    if failed.empty:
-        return []
     several = frame["cp"].nunique() > 1
-    return [
-        f"{len(failed)} point(s) did not finish: "
-        + "; ".join(
-            f"N={r.N_tokens}" + (f" cp={r.cp}" if several else "") + f" {r.status}"
-            for r in failed.itertuples()
+
+    def points(rows: pd.DataFrame) -> str:
+        return "; ".join(
+            f"N={r.N_tokens}" + (f" cp={r.cp}" if several else "") + f" {r.status}" for r in rows.itertuples()
         )
-        + "."
-    ]
+
+    wrong = frame[frame["status"] == "mismatch"]
+    failed = frame[~frame["status"].isin(["ok", "mismatch"])]
+    sentences = [f"{len(failed)} point(s) did not finish: {points(failed)}."] if not failed.empty else []
+    if not wrong.empty:
+        sentences.append(
+            f"{len(wrong)} point(s) disagree with the cp=1 run (mode=accuracy): {points(wrong)}."
+        )
+    return sentences
 
 
 def readout(frame: pd.DataFrame) -> str:
@@ -385,6 +388,37 @@ def _oversubscribed(meta: dict[str, Any]) -> str:
     return ""
 
 
+def _repeat_check_lines(meta: dict[str, Any]) -> list[str]:
+    """repeat_check's spreads (run.json): per point and figure the range over the runs, and the
+    largest relative spread of each figure, the run's own tolerance."""
+    check = meta.get("repeat_check")
+    if not check:
+        return []
+    figures = list(check["tolerance"])
+    tolerance = ", ".join(f"{name} {value:.3g}" for name, value in check["tolerance"].items())
+    tolerance = tolerance or "none (no point finished in every run)"
+    lines = [
+        "",
+        f"## Same answer twice (repeat_check={check['runs']})",
+        "",
+        f"The configuration's points, run {check['runs']} times with the same seed (the runs after the "
+        "first in repeat_check/): per figure min to max, and (max - min) / abs(median). The largest "
+        f"relative spread of each figure is this run's tolerance: {tolerance}.",
+        "",
+    ]
+
+    def cell(point: dict[str, Any], name: str) -> str:
+        if name not in point:
+            return ""
+        v = point[name]
+        return f"{_fmt(v['min'], 10)} to {_fmt(v['max'], 10)} ({v['relative']:.3g})"
+
+    rows = [
+        (p["N_tokens"], p["N_atoms"], p["MSA_depth"], *(cell(p, f) for f in figures)) for p in check["points"]
+    ]
+    return lines + _table(["N_tokens", "N_atoms", "MSA", *figures], rows)
+
+
 def _plot_lines(plots: dict[str, str]) -> list[str]:
     return ["", "## Plots", "", *(f"![{alt}]({path})" for alt, path in plots.items())] if plots else []
 
@@ -410,14 +444,14 @@ def render(
     if len(configs) <= 1:
         lines += _rows_table(frame) + _errors(frame)
         lines += ["", "## Readout", "", readout(frame) + _oversubscribed(meta)]
-        return "\n".join([*lines, *_plot_lines(plots), ""])
+        return "\n".join([*lines, *_repeat_check_lines(meta), *_plot_lines(plots), ""])
     for config, rows in configs:
         seeds = ", ".join(str(s) for s in rows["seed"].unique()) if "seed" in rows else "?"
         current = " (this run's)" if config == meta.get("config_hash") else ""
         lines += [f"### config `{config}`{current}, seed {seeds}", ""]
         lines += _rows_table(rows) + _errors(rows)
         lines += ["", "Readout: " + readout(rows) + (_oversubscribed(meta) if current else ""), ""]
-    return "\n".join([*lines, *_plot_lines(plots)[1:], ""])
+    return "\n".join([*lines, *_repeat_check_lines(meta), *_plot_lines(plots)[1:], ""])
 
 
 def hardware(metas: Sequence[dict[str, Any]]) -> str:

@@ -22,7 +22,7 @@ class ResultRow:
     MSA_depth: int
     dtype: str
     # What was measured.
-    status: str | None = None  # ok | oom | crashed | error
+    status: str | None = None  # ok | oom | crashed | error | mismatch (mode=accuracy: differs from cp=1)
     peak_mem_gib: float | None = None  # max over ranks
     walltime_ms: float | None = None  # median over repeats of the slowest rank
     walltime_iqr_ms: float | None = None
@@ -35,9 +35,17 @@ class ResultRow:
     backward_ms: float | None = None
     optimizer_ms: float | None = None
     comm_mib_per_step: float | None = None
+    # The quantities that must not change (mode=accuracy checks them against cp=1): native training's
+    # loss (its output, so also the checksum) and, in accuracy mode, the summed gradients' L2 norm.
+    loss: float | None = None
+    grad_norm: float | None = None
+    # One-off costs, apart from the steady median: the warm-up steps taken and the first step's time
+    # (compilation, autotuning, the allocator's first requests), slowest rank.
+    warmup_steps: int | None = None
+    first_step_ms: float | None = None
     # How it was measured.
-    warmup: int
-    repeats: int
+    warmup: int  # the warm-up floor (timing.warmup); warmup_steps says how many were taken
+    repeats: int  # the timed repeats taken (before the point is measured: timing.repeats)
     seed: int
     config_hash: str
     # The per-rank memory cap and what rank 0 held after start-up (CPU); a point fits when its peak

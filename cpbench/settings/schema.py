@@ -17,6 +17,11 @@ class Workflow(Enum):
     training = "training"
 
 
+class Mode(Enum):
+    speed = "speed"  # seeds fixed, deterministic algorithms off, warm-up until the step time settles
+    accuracy = "accuracy"  # deterministic algorithms, fixed step counts, checked against a cp=1 run
+
+
 class DType(Enum):
     float32 = "float32"
     bfloat16 = "bfloat16"
@@ -66,8 +71,26 @@ class ProbeConfig:
 
 @dataclass
 class TimingConfig:
+    """Floors and caps of the step counts. In speed mode the warm-up goes on past `warmup` until the
+    last 3 step times lie within `settle_pct` % of each other (at most `warmup_max` steps), and the
+    timed repeats past `repeats` while their IQR is over `iqr_pct` % of the median (at most
+    `repeats_max`). A cap equal to its floor fixes the count; accuracy mode always fixes both."""
+
     warmup: int = 3
     repeats: int = 5
+    warmup_max: int = 10
+    repeats_max: int = 10
+    settle_pct: float = 5.0
+    iqr_pct: float = 10.0
+
+
+@dataclass
+class AccuracyConfig:
+    """mode=accuracy: each point's checked quantities against the cp=1 run of the same config."""
+
+    # Relative tolerance across CP layouts (their reduction orders differ); null: by dtype, 1e-4 for
+    # float32 and 1e-2 for bfloat16/float16. The same layout (a cp=1 run) must agree bit for bit.
+    rtol: float | None = None
 
 
 @dataclass
@@ -116,7 +139,8 @@ class FaultConfig:
     at_n: int | None = None  # strike at N_tokens >= at_n
     where: str = "step"  # batch: before the step's first collective; step: between two collectives
     # oom: a real failing allocation; kill: SIGKILL; overrun (CPU): 1 GiB resident outside the cap,
-    # a peak over the budget that no failing allocation reports
+    # a peak over the budget that no failing allocation reports; perturb: every module output on the
+    # rank scaled by 1 + 1e-4 in every step (a wrong answer for mode=accuracy to catch)
     kind: str = "oom"
 
 
@@ -137,6 +161,10 @@ class LogConfig:
 class BenchConfig:
     workload: Any = MISSING
     workflow: Workflow = Workflow.inference
+    mode: Mode = Mode.speed
+    # >= 2: the configuration's points run this many times in all (this run, then the rest as short
+    # sub-runs without the probe), and the spread of each figure is recorded (run.json, the report).
+    repeat_check: int = 0
     dtype: DType = DType.float32
     topology: TopologyConfig = field(default_factory=TopologyConfig)
     shape: ShapeConfig = field(default_factory=ShapeConfig)
@@ -145,6 +173,7 @@ class BenchConfig:
     probe: ProbeConfig = field(default_factory=ProbeConfig)
     timing: TimingConfig = field(default_factory=TimingConfig)
     budget: BudgetConfig = field(default_factory=BudgetConfig)
+    accuracy: AccuracyConfig = field(default_factory=AccuracyConfig)
     measure: MeasureConfig = field(default_factory=MeasureConfig)
     memory: MemoryConfig = field(default_factory=MemoryConfig)
     dist: DistConfig = field(default_factory=DistConfig)

@@ -53,6 +53,16 @@ def validate(settings: BenchConfig) -> Topology:
     _positive("budget.minutes", b.minutes, allow_null=True)
     if b.min_repeats < 1:
         raise ConfigError(f"budget.min_repeats={b.min_repeats}: must be >= 1")
+    for key in ("warmup_max", "repeats_max"):
+        if getattr(timing, key) < 1:
+            raise ConfigError(
+                f"timing.{key}={getattr(timing, key)}: must be >= 1 (below its floor it fixes the count)"
+            )
+    _positive("timing.settle_pct", timing.settle_pct)
+    _positive("timing.iqr_pct", timing.iqr_pct)
+    if settings.repeat_check == 1 or settings.repeat_check < 0:
+        raise ConfigError(f"repeat_check={settings.repeat_check}: must be 0 (off) or >= 2 (runs in all)")
+    _positive("accuracy.rtol", settings.accuracy.rtol, allow_null=True)
     p = settings.probe
     _positive("probe.start", p.start)
     _positive("probe.granularity", p.granularity)
@@ -75,8 +85,12 @@ def validate(settings: BenchConfig) -> Topology:
 
 def _check_fault(settings: BenchConfig, cp: int) -> None:
     f = settings.fault
-    if f.kind not in ("oom", "kill", "overrun"):
-        raise ConfigError(f"fault.kind={f.kind}: allowed values are oom, kill, overrun")
+    if f.kind not in ("oom", "kill", "overrun", "perturb"):
+        raise ConfigError(f"fault.kind={f.kind}: allowed values are oom, kill, overrun, perturb")
+    if f.kind == "perturb" and f.where != "step":
+        raise ConfigError(
+            f"fault.where={f.where}: fault.kind=perturb changes the step's outputs; use where=step"
+        )
     if f.where not in ("batch", "step"):
         raise ConfigError(f"fault.where={f.where}: allowed values are batch, step")
     if f.rank is not None and not 0 <= f.rank < cp:

@@ -1,0 +1,55 @@
+"""repeat_check: the same configuration run several times with the same seed. The spread of each
+figure over the runs is the run's own tolerance: a later comparison that moves a figure by less has
+measured noise, not a change."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from typing import Any
+
+import pandas as pd
+
+from cpbench.checks.accuracy import CHECKED
+from cpbench.results.row import point_key
+
+FIGURES = ("walltime_ms", *CHECKED)
+POINT = ("N_tokens", "N_atoms", "MSA_depth")
+
+
+def _ok_points(frame: pd.DataFrame, config_hash: str) -> dict[str, dict[str, Any]]:
+    if frame.empty:
+        return {}
+    rows = frame[
+        (frame["kind"] == "point") & (frame["status"] == "ok") & (frame["config_hash"] == config_hash)
+    ]
+    return {point_key("point", *(r[k] for k in POINT)): r for r in rows.to_dict("records")}
+
+
+def spread(values: Sequence[float]) -> dict[str, float]:
+    """min, max, their difference and that difference relative to the median's magnitude (0 when
+    every value is 0)."""
+    low, high, median = min(values), max(values), statistics.median(values)
+    relative = (high - low) / abs(median) if median else (0.0 if high == low else math.inf)
+    return {"min": low, "max": high, "spread": high - low, "relative": relative}
+
+
+def repeat_spread(frames: Sequence[pd.DataFrame], config_hash: str) -> dict[str, Any]:
+    """Per point measured ok in every run, the spread of each figure; and per figure the largest
+    relative spread over the points: the tolerance. A figure blank in any run is left out."""
+    runs = [_ok_points(frame, config_hash) for frame in frames]
+    points, tolerance = [], {}
+    for key in sorted(
+        set.intersection(*(set(r) for r in runs)), key=lambda k: [int(p) for p in k.split(":")[1:]]
+    ):
+        rows = [run[key] for run in runs]
+        point: dict[str, Any] = {k: int(rows[0][k]) for k in POINT}
+        for name in FIGURES:
+            values = [row.get(name) for row in rows]
+            if any(v is None or (isinstance(v, float) and math.isnan(v)) for v in values):
+                continue
+            point[name] = spread([float(v) for v in values])
+            tolerance[name] = max(tolerance.get(name, 0.0), point[name]["relative"])
+        points.append(point)
+    return {"runs": len(frames), "tolerance": tolerance, "points": points}
