@@ -24,7 +24,7 @@ from torch.distributed.elastic.multiprocessing.api import SignalException
 
 from cpbench.bench import RunSpec, hashed_config, run_rank
 from cpbench.callbacks import CheckOutputDir
-from cpbench.checks.accuracy import MISMATCH, reference_settings
+from cpbench.checks.accuracy import MISMATCH
 from cpbench.checks.repeat import repeat_spread
 from cpbench.core import ConfigError
 from cpbench.launch import slurm
@@ -168,9 +168,12 @@ def run(cfg: DictConfig, in_sweep: bool = False, baseline_root: Path | None = No
     try:
         with folder.lock() if holds_lock else contextlib.nullcontext():
             folder.clear_failure()
-            if holds_lock and not _under_torchrun():
-                attach_baseline(folder, settings, baseline_root or folder.root)
             spec = RunSpec(settings=settings, output_dir=str(folder.root), what_changed=changes)
+            if holds_lock and not _under_torchrun():
+                base = attach_baseline(folder, settings, baseline_root or folder.root)
+                if settings.mode is Mode.accuracy and base is None:
+                    return _no_reference(folder, topology.cp)
+                spec.reference_dir = str(base.root) if settings.mode is Mode.accuracy else None
             with _signals_end_the_run():
                 code = _run(spec, workload, topology.cp, in_sweep)
         if before is not None:
@@ -212,11 +215,6 @@ def _run(spec: RunSpec, workload: Workload, cp: int, in_sweep: bool) -> int:
     if _under_torchrun():
         run_rank(spec, workload)
         return 0
-    if settings.mode is Mode.accuracy:
-        reference, code = run_cp1_reference(spec, in_sweep)
-        if code:
-            return code
-        spec = dataclasses.replace(spec, reference_dir=str(reference.root))
     code = _run_local(spec, workload, cp, in_sweep)
     if code == 0 and settings.repeat_check:
         code = _repeat_check(spec, cp, in_sweep)
@@ -225,14 +223,12 @@ def _run(spec: RunSpec, workload: Workload, cp: int, in_sweep: bool) -> int:
     return code
 
 
-def run_cp1_reference(spec: RunSpec, in_sweep: bool) -> tuple[RunFolder, int]:
-    """mode=accuracy's reference: the same config at cp=1 (`reference_settings`), run by the local
-    launcher in output_dir/reference_cp1 (which resumes like any run folder). Returns the folder and
-    the run's exit code."""
-    folder = RunFolder(spec.output_dir).reference
-    print(f"cpbench: accuracy: the cp=1 reference run -> {folder.root}", file=sys.stderr)
-    reference = RunSpec(settings=reference_settings(spec.settings), output_dir=str(folder.root))
-    return folder, _run_local(reference, None, 1, in_sweep)
+def _no_reference(folder: RunFolder, cp: int) -> int:
+    """mode=accuracy without its cp=1 reference (it failed, or the ranks run elsewhere): no check."""
+    error = "mode=accuracy: the cp=1 reference run did not finish (see baseline/ in output_dir)"
+    close_failed(folder, cp, "error", error)
+    print(f"cpbench: error: {error}", file=sys.stderr)
+    return 1
 
 
 def _repeat_check(spec: RunSpec, cp: int, in_sweep: bool) -> int:

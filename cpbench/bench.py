@@ -47,6 +47,7 @@ from cpbench.runtime import logs
 from cpbench.runtime.logs import CONSOLE, LOG
 from cpbench.runtime.rank import pick_backend, rank_runtime
 from cpbench.runtime.seed import deterministic, seed_all
+from cpbench.settings.cp1 import cp1_settings
 from cpbench.settings.schema import BenchConfig, Mode, Workflow
 from cpbench.sweep import resolve_shape, sweep_points
 from cpbench.workloads.base import Workload
@@ -181,7 +182,7 @@ class Bench:
 
     def check_against(self, reference: RunFolder) -> None:
         """Check every point this rank records against the cp=1 run in `reference` (rank 0)."""
-        config_hash = hashed_config(accuracy.reference_settings(self.settings))
+        config_hash = hashed_config(cp1_settings(self.settings))
         self.reference = accuracy.reference_rows(reference, config_hash)
 
     def run(self) -> None:

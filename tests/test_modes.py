@@ -19,13 +19,15 @@ from conftest import cpbench, ok, results
 from omegaconf import OmegaConf
 
 from cpbench.__main__ import _check_runs_of_its_own
-from cpbench.checks.accuracy import check_point, disagreements, reference_settings, tolerance
+from cpbench.checks.accuracy import check_point, disagreements, tolerance
 from cpbench.checks.repeat import repeat_spread, spread
 from cpbench.core import ConfigError, Shape, Topology
+from cpbench.launch.baseline import CACHE
 from cpbench.measure.point import PointSettings, measure_point
 from cpbench.measure.stats import settled, spread_wide
 from cpbench.measure.step import StepRunner
 from cpbench.runtime.rank import rank_runtime
+from cpbench.settings.cp1 import cp1_settings
 from cpbench.settings.schema import BenchConfig, Mode
 from cpbench.settings.validate import validate
 
@@ -78,7 +80,7 @@ def test_the_reference_is_the_same_config_on_one_rank_and_its_tolerance():
     settings = _settings(
         "topology.kind=2d", "topology.cp=4", "fault.rank=1", "fault.kind=perturb", "mode=accuracy"
     )
-    reference = reference_settings(settings)
+    reference = cp1_settings(settings)
     assert (reference.topology.kind, reference.topology.cp, reference.topology.grid) == ("1d", 1, None)
     assert reference.fault.rank is None and not reference.probe.enabled
     assert reference.mode is Mode.accuracy and reference.workflow is settings.workflow
@@ -140,6 +142,12 @@ def test_modes_that_launch_runs_of_their_own_refuse_torchrun(monkeypatch):
 # Real runs.
 
 
+def _reference(out):
+    """The cp=1 reference run's folder: the baseline's, in the run's cache."""
+    (folder,) = (out / CACHE).iterdir()
+    return folder
+
+
 @pytest.fixture(scope="module")
 def accuracy_1d(tmp_path_factory):
     """cp=2 training in accuracy mode; rank 1 perturbed from N=32 on: N=16 agrees with cp=1, N=32 not."""
@@ -153,7 +161,7 @@ def accuracy_1d(tmp_path_factory):
 
 def test_accuracy_mode_at_1d_cp2_agrees_with_cp1_and_records_what_it_checks(accuracy_1d):
     _, out = accuracy_1d
-    reference = results(out / "reference_cp1")
+    reference = results(_reference(out))
     assert list(reference["cp"]) == [1, 1] and set(reference["status"]) == {"ok"}
     row = results(out).set_index("N_tokens").loc[16]
     assert row["status"] == "ok" and not isinstance(row["error"], str)
@@ -169,7 +177,7 @@ def test_a_perturbed_rank_fails_its_point_with_both_values(accuracy_1d):
     proc, out = accuracy_1d
     assert proc.returncode == 1, proc.stderr
     row = results(out).set_index("N_tokens").loc[32]
-    ref = results(out / "reference_cp1").set_index("N_tokens").loc[32]
+    ref = results(_reference(out)).set_index("N_tokens").loc[32]
     assert row["status"] == "mismatch"
     shown = f"checksum {row['checksum']:.17g} here vs {ref['checksum']:.17g} at cp=1 (rtol 1e-05)"
     assert shown in row["error"] and shown in proc.stderr
@@ -191,7 +199,7 @@ def test_accuracy_mode_at_2d_2x2_agrees_with_cp1(tmp_path):
             timeout=300,
         )
     )
-    row, ref = results(tmp_path / "out").iloc[0], results(tmp_path / "out" / "reference_cp1").iloc[0]
+    row, ref = results(tmp_path / "out").iloc[0], results(_reference(tmp_path / "out")).iloc[0]
     assert (row["status"], row["grid"], ref["cp"]) == ("ok", "2x2", 1)
     for name in ("checksum", "loss", "grad_norm"):
         assert row[name] == pytest.approx(ref[name], rel=1e-5), name

@@ -7,14 +7,13 @@ run), otherwise within a relative tolerance (`accuracy.rtol`, by default by dtyp
 
 from __future__ import annotations
 
-import copy
 import math
 from collections.abc import Mapping
 from typing import Any
 
 from cpbench.results.folder import RunFolder
 from cpbench.results.row import point_key
-from cpbench.settings.schema import BenchConfig, FaultConfig, TopologyConfig
+from cpbench.settings.schema import BenchConfig
 
 CHECKED = ("checksum", "loss", "grad_norm")
 # Relative, against the larger magnitude. float32: the built-in workloads' cp>1 checksums differ from
@@ -22,17 +21,6 @@ CHECKED = ("checksum", "loss", "grad_norm")
 # steps by more; the fault.kind=perturb knob moves them by about 1e-3.
 RTOL = {"float32": 1e-5, "bfloat16": 1e-2, "float16": 1e-2}
 MISMATCH = "mismatch"
-
-
-def reference_settings(settings: BenchConfig) -> BenchConfig:
-    """The cp=1 run a run in accuracy mode is checked against: the same config on one rank, without
-    the probe (its N are this layout's), a fault or a repeat check."""
-    reference = copy.deepcopy(settings)
-    reference.topology = TopologyConfig(kind="1d", cp=1, grid=None)
-    reference.probe.enabled = False
-    reference.fault = FaultConfig()
-    reference.repeat_check = 0
-    return reference
 
 
 def tolerance(settings: BenchConfig) -> float:

@@ -6,11 +6,11 @@ sweep folder), `baseline/<key>/`, a run folder of its own, so a run still writes
 hashes every setting that changes the cp=1 answer (workload, workflow, dtype, shapes and sweep, probe,
 timing, memory, seed, ...) and none that does not (topology, output_dir, logging, launch, SLURM). A
 later run at another cp into the same folder, and every job of a CP sweep, reuse it. Its rows are
-copied into the run's results.csv with `source=baseline`."""
+copied into the run's results.csv with `source=baseline`. In mode=accuracy it is also the reference
+each point is checked against."""
 
 from __future__ import annotations
 
-import copy
 import sys
 from pathlib import Path
 
@@ -23,7 +23,8 @@ from cpbench.launch.outcome import close_failed
 from cpbench.report import metadata
 from cpbench.results.folder import RunFolder
 from cpbench.results.row import BASELINE, point_key
-from cpbench.settings.schema import BenchConfig
+from cpbench.settings.cp1 import cp1_settings
+from cpbench.settings.schema import BenchConfig, Mode
 
 CACHE = "baseline"
 # Settings that do not change the cp=1 answer: where and how loudly it is written, how it is launched.
@@ -31,19 +32,25 @@ _NOT_IN_KEY = ("topology", "output_dir", "log", "launch", "slurm", "baseline", "
 
 
 def plan(settings: BenchConfig) -> BenchConfig | None:
-    """The baseline's settings (the run's own on one 1d rank), or None when the run has none: off, the
-    run is itself cp=1, or its ranks are not launched here (SLURM)."""
-    if not settings.baseline or settings.topology.cp == 1 or settings.slurm.enabled:
+    """The baseline's settings (`cp1_settings`), or None when the run has none: its ranks are not
+    launched here (SLURM), or, in speed mode, it is off or the run is itself cp=1. mode=accuracy always
+    has one: its points are checked against it."""
+    if settings.slurm.enabled:
         return None
-    base = copy.deepcopy(settings)
-    base.topology.kind, base.topology.cp, base.topology.grid = "1d", 1, None
-    base.baseline = False
-    return base
+    if settings.mode is not Mode.accuracy and (not settings.baseline or settings.topology.cp == 1):
+        return None
+    return cp1_settings(settings)
+
+
+def compared(settings: BenchConfig) -> bool:
+    """Whether the baseline's rows go into the run's results and readout (a CP run with baseline on)."""
+    return settings.baseline and settings.topology.cp > 1
 
 
 def cache_key(settings: BenchConfig) -> str:
-    """The hash of every setting that changes the cp=1 answer."""
-    container = OmegaConf.to_container(OmegaConf.structured(settings), resolve=True, enum_to_str=True)
+    """The hash of every setting that changes the cp=1 answer: those of `cp1_settings`."""
+    one = cp1_settings(settings)
+    container = OmegaConf.to_container(OmegaConf.structured(one), resolve=True, enum_to_str=True)
     for key in _NOT_IN_KEY:
         container.pop(key, None)
     return metadata.config_hash(OmegaConf.to_yaml(OmegaConf.create(container)))
@@ -104,6 +111,6 @@ def attach_baseline(run: RunFolder, settings: BenchConfig, root: Path) -> RunFol
     """Run (or find) the baseline of `settings` and put its rows into `run`'s results.csv, replacing
     any it held; the baseline's folder, or None."""
     folder = run_baseline(settings, root)
-    if folder is not None:
+    if folder is not None and compared(settings):
         run.set_baseline(baseline_rows(folder, settings), hashed_config(settings))
     return folder

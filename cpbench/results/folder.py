@@ -39,7 +39,6 @@ class RunFolder:
     LOGS = "logs"
     SLURM = "slurm"  # submitit's pickles and every task's logs, one folder per job
     LOCK = ".cpbench.lock"  # held by the process that runs the folder's run; names it
-    REFERENCE = "reference_cp1"  # mode=accuracy: the same config at cp=1, a run folder of its own
     REPEATS = "repeat_check"  # repeat_check: the second and later runs, run2, run3, ...
     # Files only a run folder holds; a sweep folder holds run folders (its own results.csv is a merge).
     MARKERS = (RESULTS, RUN, FAILURE, STATE)
@@ -109,10 +108,6 @@ class RunFolder:
     @property
     def sbatch_script(self) -> Path:
         return self.slurm / "cpbench.sbatch"
-
-    @property
-    def reference(self) -> RunFolder:
-        return RunFolder(self.root / self.REFERENCE)
 
     def repeat_run(self, number: int) -> RunFolder:
         """The `number`th run of a repeat check (this folder's own run is the first)."""
