@@ -22,7 +22,8 @@ from torch.distributed.elastic.multiprocessing.api import SignalException
 
 from cpbench.bench import RunSpec, run_rank
 from cpbench.callbacks import CheckOutputDir
-from cpbench.core import ConfigError
+from cpbench.core import ConfigError, Topology
+from cpbench.experiment.runner import run_plan
 from cpbench.launch import slurm
 from cpbench.launch.local import RankFailure, launch_local
 from cpbench.launch.outcome import close_failed
@@ -97,23 +98,29 @@ def _build_workload(settings: BenchConfig) -> Workload:
         ) from None
 
 
+def _checked(cfg: DictConfig) -> tuple[BenchConfig, Topology, Workload]:
+    """The run's typed settings, topology and workload, or a ConfigError naming what is wrong."""
+    settings = to_settings(cfg)
+    topology = validate(settings)
+    if settings.slurm.enabled:
+        slurm.layout(topology.cp, settings.slurm)
+    else:
+        _job_tasks_as_ranks(topology.cp)
+        _check_environment(settings, topology.cp)
+    workload = _build_workload(settings)
+    check_topology = getattr(workload, "check_topology", None)
+    if callable(check_topology):
+        check_topology(topology)
+    return settings, topology, workload
+
+
 def run(cfg: DictConfig, in_sweep: bool = False) -> int:
     """Validate, then run as one rank (torchrun, or cp=1), launch the ranks, or submit them to SLURM.
     Returns the exit code. In a sweep (`in_sweep`) every failure is recorded in failure.json and even
     cp=1 runs in its own process, so that one job leaves nothing behind in the next."""
     folder = RunFolder(Path(cfg.output_dir).resolve())
     try:
-        settings = to_settings(cfg)
-        topology = validate(settings)
-        if settings.slurm.enabled:
-            slurm.layout(topology.cp, settings.slurm)
-        else:
-            _job_tasks_as_ranks(topology.cp)
-            _check_environment(settings, topology.cp)
-        workload = _build_workload(settings)
-        check_topology = getattr(workload, "check_topology", None)
-        if callable(check_topology):
-            check_topology(topology)
+        settings, topology, workload = _checked(cfg)
     except ConfigError as err:
         print(f"cpbench: error: {err}", file=sys.stderr)
         if in_sweep:
@@ -237,9 +244,27 @@ def _sweep_job_dir() -> Path | None:
     return Path(hydra_cfg.runtime.output_dir) if hydra_cfg.mode == RunMode.MULTIRUN else None
 
 
+def _plan_run(cfg: DictConfig) -> int:
+    """One run of an experiment plan, in this process; a run that raised is a failed run (exit 1)."""
+    try:
+        return run(cfg)
+    except Exception as err:
+        print(f"cpbench: {type(err).__name__}: {err}".splitlines()[0], file=sys.stderr)
+        return 1
+
+
 @hydra.main(version_base="1.3", config_path="pkg://cpbench.configs", config_name="config")
 def app(cfg: DictConfig) -> None:
     job_dir = _sweep_job_dir()
+    if cfg.experiment is not None:
+        if job_dir is not None:
+            print("cpbench: error: experiment: a plan runs its own runs, not in a multirun", file=sys.stderr)
+            raise SystemExit(2)
+        overrides = HydraConfig.get().overrides.task
+        code = run_plan(cfg, overrides, _checked, _plan_run)
+        if code:
+            raise SystemExit(code)
+        return
     if job_dir is None:
         code = run(cfg)
         if code:

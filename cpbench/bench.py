@@ -64,6 +64,7 @@ def run_rank(spec: RunSpec, workload: Workload | None = None) -> None:
     """One rank. `workload` is the one the launching process already built, when it is this rank."""
     settings = spec.settings
     dtype = getattr(torch, settings.dtype.value)
+    torch.set_float32_matmul_precision(settings.matmul_precision)  # set every run: a process may run many
     dist_cfg = settings.dist
     with rank_runtime(spec.topology, dist_cfg.backend, dist_cfg.timeout_s, dtype, settings.seed) as ctx:
         ctx.data_path = settings.data.path
@@ -95,7 +96,7 @@ def hashed_config(settings: BenchConfig) -> str:
     """The settings that decide each point's numbers: not which points (a point's row names its own
     shape), nor where they are written or how loudly. Rows of an equal hash are resumable."""
     container = OmegaConf.to_container(OmegaConf.structured(settings), resolve=True, enum_to_str=True)
-    for key in ("output_dir", "log", "sweep", "probe", "shape", "slurm", "launch"):
+    for key in ("output_dir", "log", "sweep", "probe", "shape", "slurm", "launch", "experiment"):
         container.pop(key, None)
     return metadata.config_hash(OmegaConf.to_yaml(OmegaConf.create(container)))
 

@@ -23,7 +23,13 @@ from cpbench.measure.checksum import local_share
 from cpbench.measure.fault import Fault
 from cpbench.measure.memory import read_peak_gib, release, reset_peak
 from cpbench.measure.oom import BudgetExceeded, describe, is_oom
-from cpbench.measure.stats import PointTimes, RepeatTiming, comm_mib_per_step
+from cpbench.measure.stats import (
+    PointTimes,
+    RepeatTiming,
+    comm_mib_per_step,
+    first_step_ms,
+    repeat_totals_ms,
+)
 from cpbench.measure.step import StepRunner
 from cpbench.runtime.logs import LOG
 from cpbench.runtime.seed import seed_all
@@ -43,6 +49,11 @@ class PointResult:
     comm_ms: float | None = None  # median over repeats of the largest per-rank time in collectives
     comm_mib_per_step: float | None = None  # max over ranks of MiB sent per step
     checksum: float | None = None  # float64 sum of the step output over all ranks
+    # The first warm-up step of the slowest rank: the steady walltime plus one-off costs (compilation,
+    # autotuning, allocator growth), kept apart from the steady median.
+    first_step_ms: float | None = None
+    # Every timed repeat of the slowest rank, in order: what a confidence interval of the median needs.
+    repeats_ms: str = ""
     error: str = ""
     # Per op label: calls, bytes sent (forward, backward) and seconds per step, max over ranks.
     comm_ops: list[dict[str, Any]] = field(default_factory=list)
@@ -182,7 +193,8 @@ def measure_point(
         return PointResult(status="oom", peak_mem_gib=peak, error=first)
     result = _summarise(timed, peak, settings.repeats, control)
     if settings.profile_comm:
-        seconds = _reduce([timed[-1]], control, dist.ReduceOp.MAX)[0]
+        profiled = timed[4]  # _run_repeats: (timings, share, bytes, ops, profiled seconds, first step)
+        seconds = _reduce([profiled], control, dist.ReduceOp.MAX)[0]
         return replace(result, comm_ms=seconds * 1e3, comm_mib_per_step=None, comm_ops=[])
     if not settings.counts_comm:  # collectives the ledger cannot see: blank, not a misleading 0
         return replace(result, comm_ms=None, comm_mib_per_step=None, comm_ops=[])
@@ -231,9 +243,11 @@ def _comm_seconds(events: Any) -> float:
 
 def _run_repeats(runner: StepRunner, batches: _Batches, control, settings: PointSettings):
     say = settings.progress or (lambda where: None)
+    first_step = None
     for i in range(settings.warmup):
         say(f"warm-up step {i + 1} of {settings.warmup}")
-        runner(batches.next())
+        _, p = runner(batches.next())
+        first_step = p.total if first_step is None else first_step
     LEDGER.reset()
     timings, out, batch = [], None, None
     profiler = torch.profiler.profile() if settings.profile_comm else contextlib.nullcontext()
@@ -255,6 +269,7 @@ def _run_repeats(runner: StepRunner, batches: _Batches, control, settings: Point
         LEDGER.total_bytes / settings.repeats,
         LEDGER.table(),
         profiled / settings.repeats,
+        first_step,
     )
 
 
@@ -263,12 +278,14 @@ def _summarise(timed, peak: float, repeats: int, control) -> PointResult:
     `stats`, so that their unit tests pin what a run reports."""
     gathered: list[Any] = [None] * dist.get_world_size(control)
     dist.all_gather_object(gathered, timed, group=control)
-    timings, shares, bytes_per_step, ops, _ = zip(*gathered, strict=True)
+    timings, shares, bytes_per_step, ops, _, first_steps = zip(*gathered, strict=True)
     counted = [share for share in shares if share is not None]  # blank when no rank returned a tensor
     return PointResult(
         status="ok",
         peak_mem_gib=peak,
         **asdict(PointTimes.across_ranks(timings)),
+        first_step_ms=first_step_ms(first_steps),
+        repeats_ms=" ".join(f"{ms!r}" for ms in repeat_totals_ms(timings)),
         comm_mib_per_step=comm_mib_per_step(bytes_per_step),
         checksum=math.fsum(counted) if counted else None,
         comm_ops=_slowest_ops(ops, repeats),

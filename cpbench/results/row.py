@@ -35,6 +35,8 @@ class ResultRow:
     backward_ms: float | None = None
     optimizer_ms: float | None = None
     comm_mib_per_step: float | None = None
+    first_step_ms: float | None = None  # the first warm-up step: steady time plus one-off costs (compile)
+    repeats_ms: str = ""  # every timed repeat's walltime (slowest rank), space-separated
     # How it was measured.
     warmup: int
     repeats: int
