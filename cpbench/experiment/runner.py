@@ -255,6 +255,9 @@ def run_plan(cfg: DictConfig, cli: Sequence[str], check: Check, run_one: RunOne)
         plan.check_all()
     except ConfigError as err:
         print(f"cpbench: error: {err}", file=sys.stderr)
+        root = Path(cfg.output_dir)
+        if root.is_dir() and not any(root.iterdir()):
+            root.rmdir()  # Hydra made it for this run; a refused plan leaves nothing
         return 2
     try:
         with plan.root.lock():

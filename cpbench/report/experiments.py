@@ -79,7 +79,8 @@ def render(frame: pd.DataFrame, title: str, intro: Sequence[str], plot: str | No
         for _, r in frame.iterrows()
     ]
     lines = [f"# {title}", "", *intro, "", *_table(header, [[_cell(c) for c in row] for row in rows])]
-    notes = [f"- {r['id']}: {r['note']}" for _, r in frame.iterrows() if isinstance(r["note"], str)]
+    noted = frame[frame["note"].fillna("") != ""]
+    notes = [f"- {r['id']}: {r['note']}" for _, r in noted.iterrows()]
     if notes:
         lines += ["", "Notes:", "", *notes]
     if plot:
