@@ -25,6 +25,7 @@ from cpbench.experiment.plan import (
 )
 from cpbench.experiment.runner import PlanRun
 from cpbench.experiment.verdict import Change, drift_pct, judge, judge_max_n, median_change
+from cpbench.measure.stats import RepeatTiming, first_step_ms, repeat_totals_ms
 
 PLANS = Path(__file__).resolve().parents[1] / "configs" / "experiment"
 
@@ -116,6 +117,14 @@ def test_a_bad_plan_is_refused_in_one_line(experiments, message):
 def test_find_cycle():
     assert find_cycle({"a": ["b"], "b": ["c"], "c": []}) is None
     assert find_cycle({"a": ["b"], "b": ["c"], "c": ["b"]}) == ["b", "c", "b"]
+
+
+def test_repeats_and_the_first_step_are_the_slowest_ranks():
+    rank0 = [RepeatTiming(t, t, 0, 0, 0) for t in (0.001, 0.004, 0.002)]
+    rank1 = [RepeatTiming(t, t, 0, 0, 0) for t in (0.003, 0.001, 0.002)]
+    assert repeat_totals_ms([rank0, rank1]) == pytest.approx([3.0, 4.0, 2.0])
+    assert first_step_ms([0.5, 0.7]) == pytest.approx(700.0)
+    assert first_step_ms([None, None]) is None  # a probe step has no warm-up
 
 
 # Repeats in ms: a reference whose two measurements agree, and experiments clearly apart from it.

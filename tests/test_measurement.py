@@ -66,7 +66,8 @@ def _summarise_on_rank(rank: int, store: str, out: mp.Queue) -> None:
         ops = [
             {"op": "a2a", "calls": 4, "fwd_bytes": 2**20 * (rank + 1), "bwd_bytes": 0, "seconds": 0.1 * rank}
         ]
-        timed = (RANKS[rank], 1.5 * (rank + 1), 2**20 * [4, 6][rank], ops, 0.0)  # no profiled comm
+        # No profiled comm; the first warm-up step took 10 ms on rank 0, 20 ms on rank 1.
+        timed = (RANKS[rank], 1.5 * (rank + 1), 2**20 * [4, 6][rank], ops, 0.0, 0.01 * (rank + 1))
         result = _summarise(timed, peak=0.5, repeats=3, control=dist.group.WORLD)
         out.put((rank, result))
     finally:
@@ -95,6 +96,8 @@ def test_summarise_reduces_every_rank_through_the_pure_functions(tmp_path):
         for name, value in vars(EXPECTED).items():
             assert getattr(result, name) == pytest.approx(value), name
         assert result.comm_mib_per_step == pytest.approx(6)
+        assert result.first_step_ms == pytest.approx(20)  # the slower rank's
+        assert [float(v) for v in result.repeats_ms.split()] == pytest.approx([2, 2, 10])
         assert result.checksum == pytest.approx(4.5)
         assert result.comm_ops == [
             pytest.approx(

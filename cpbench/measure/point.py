@@ -246,8 +246,8 @@ def _run_repeats(runner: StepRunner, batches: _Batches, control, settings: Point
     first_step = None
     for i in range(settings.warmup):
         say(f"warm-up step {i + 1} of {settings.warmup}")
-        _, p = runner(batches.next())
-        first_step = p.total if first_step is None else first_step
+        phases = runner(batches.next())[1]  # the output is dropped at once: no part of the next step's peak
+        first_step = phases.total if first_step is None else first_step
     LEDGER.reset()
     timings, out, batch = [], None, None
     profiler = torch.profiler.profile() if settings.profile_comm else contextlib.nullcontext()
