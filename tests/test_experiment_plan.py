@@ -106,6 +106,8 @@ def test_only_if_runs_when_one_improved_and_is_skipped_otherwise():
         ([{"id": "A", "overrides": []}], "experiment A: overrides: give at least one"),
         ([{"id": "A", "overrides": ["seed=1"], "when": "now"}], "experiment A: unknown key when"),
         ([], "experiment.experiments: a plan needs at least one experiment"),
+        ([{"id": "A", "overrides": ["timing.repeats=9"]}],
+         "experiment A: timing.repeats=9: every experiment measures with the baseline's points"),
     ],
 )  # fmt: skip
 def test_a_bad_plan_is_refused_in_one_line(experiments, message):

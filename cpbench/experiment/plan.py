@@ -69,6 +69,19 @@ def _strings(value: Any, where: str) -> tuple[str, ...]:
 
 
 _KEYS = {"id", "overrides", "priority", "rationale", "group", "after", "only_if"}
+# What every run of a plan shares with its baseline (the points, repeats and probe settings, where it
+# writes): an experiment that changed them would not be comparable.
+SHARED = ("sweep", "shape", "data", "timing", "probe", "output_dir", "experiment")
+
+
+def _check_shared(where: str, overrides: Sequence[str]) -> None:
+    for override in overrides:
+        key = override.split("=", 1)[0].lstrip("+~")
+        if key.split(".", 1)[0] in SHARED:
+            raise ConfigError(
+                f"{where}: {override}: every experiment measures with the baseline's points, repeats "
+                "and probe settings; set it in the plan's baseline"
+            )
 
 
 def parse_plan(node: Mapping[str, Any]) -> Plan:
@@ -98,6 +111,7 @@ def parse_plan(node: Mapping[str, Any]) -> Plan:
         overrides = _strings(item.get("overrides"), f"{where}: overrides")
         if not overrides:
             raise ConfigError(f"{where}: overrides: give at least one (the change it tests)")
+        _check_shared(where, overrides)
         experiments.append(
             Experiment(
                 id=str(item["id"]),

@@ -167,6 +167,7 @@ class PlanRun:
         return Measured.read(name, folder)
 
     def reference(self, label: str, applied: tuple[str, ...]) -> Measured | int:
+        """The next measurement of an experiment's reference: the baseline, or a gate's winner."""
         name = f"{BASELINE}_{self.references}" + ("" if label == BASELINE else f"_on_{label}")
         self.references += 1
         return self.measure(name, applied)
