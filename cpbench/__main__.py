@@ -26,7 +26,8 @@ from cpbench.bench import RunSpec, hashed_config, run_rank
 from cpbench.callbacks import CheckOutputDir
 from cpbench.checks.accuracy import MISMATCH
 from cpbench.checks.repeat import repeat_spread
-from cpbench.core import ConfigError
+from cpbench.core import ConfigError, Topology
+from cpbench.experiment.runner import run_plan
 from cpbench.launch import slurm
 from cpbench.launch.baseline import attach_baseline
 from cpbench.launch.local import RankFailure, launch_local
@@ -126,6 +127,23 @@ def _build_workload(settings: BenchConfig) -> Workload:
         ) from None
 
 
+def _checked(cfg: DictConfig) -> tuple[BenchConfig, Topology, Workload]:
+    """The run's typed settings, topology and workload, or a ConfigError naming what is wrong."""
+    settings = to_settings(cfg)
+    topology = validate(settings)
+    if settings.slurm.enabled:
+        slurm.layout(topology.cp, settings.slurm)
+    else:
+        _job_tasks_as_ranks(topology.cp)
+        _check_environment(settings, topology.cp)
+    _check_runs_of_its_own(settings)
+    workload = _build_workload(settings)
+    check_topology = getattr(workload, "check_topology", None)
+    if callable(check_topology):
+        check_topology(topology)
+    return settings, topology, workload
+
+
 def run(cfg: DictConfig, in_sweep: bool = False, baseline_root: Path | None = None) -> int:
     """Validate, then run as one rank (torchrun, or cp=1), launch the ranks, or submit them to SLURM.
     Returns the exit code. In a sweep (`in_sweep`) every failure is recorded in failure.json and even
@@ -134,19 +152,8 @@ def run(cfg: DictConfig, in_sweep: bool = False, baseline_root: Path | None = No
     cp=1 baseline."""
     folder = RunFolder(Path(cfg.output_dir).resolve())
     try:
-        settings = to_settings(cfg)
-        topology = validate(settings)
-        if settings.slurm.enabled:
-            slurm.layout(topology.cp, settings.slurm)
-        else:
-            _job_tasks_as_ranks(topology.cp)
-            _check_environment(settings, topology.cp)
-        _check_runs_of_its_own(settings)
+        settings, topology, workload = _checked(cfg)
         deterministic(settings.mode is Mode.accuracy)  # before anything starts CUDA in this process
-        workload = _build_workload(settings)
-        check_topology = getattr(workload, "check_topology", None)
-        if callable(check_topology):
-            check_topology(topology)
         changes = _what_changed(settings, workload)
     except ConfigError as err:
         print(f"cpbench: error: {err}", file=sys.stderr)
@@ -368,9 +375,28 @@ def _sweep_job_dir() -> Path | None:
     return Path(hydra_cfg.runtime.output_dir) if hydra_cfg.mode == RunMode.MULTIRUN else None
 
 
+def _plan_run(cfg: DictConfig) -> int:
+    """One run of an experiment plan, in this process; a run that raised is a failed run (exit 1)."""
+    cfg.baseline = False  # a plan compares its runs with its own reference, not with cp=1
+    try:
+        return run(cfg)
+    except Exception as err:
+        print(f"cpbench: {type(err).__name__}: {err}".splitlines()[0], file=sys.stderr)
+        return 1
+
+
 @hydra.main(version_base="1.3", config_path="pkg://cpbench.configs", config_name="config")
 def app(cfg: DictConfig) -> None:
     job_dir = _sweep_job_dir()
+    if cfg.experiment is not None:
+        if job_dir is not None:
+            print("cpbench: error: experiment: a plan runs its own runs, not in a multirun", file=sys.stderr)
+            raise SystemExit(2)
+        overrides = HydraConfig.get().overrides.task
+        code = run_plan(cfg, overrides, _checked, _plan_run)
+        if code:
+            raise SystemExit(code)
+        return
     if job_dir is None:
         code = run(cfg)
         if code:

@@ -73,6 +73,7 @@ def run_rank(spec: RunSpec, workload: Workload | None = None) -> None:
     """One rank. `workload` is the one the launching process already built, when it is this rank."""
     settings = spec.settings
     dtype = getattr(torch, settings.dtype.value)
+    torch.set_float32_matmul_precision(settings.matmul_precision)  # set every run: a process may run many
     dist_cfg = settings.dist
     deterministic(settings.mode is Mode.accuracy)  # before CUDA starts: it sets the cuBLAS workspace
     with rank_runtime(spec.topology, dist_cfg.backend, dist_cfg.timeout_s, dtype, settings.seed) as ctx:
@@ -122,6 +123,7 @@ def hashed_config(settings: BenchConfig) -> str:
         "budget",
         "job",
         "repeat_check",
+        "experiment",
     )
     for key in skipped:
         container.pop(key, None)

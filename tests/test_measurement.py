@@ -96,6 +96,7 @@ def test_summarise_reduces_every_rank_through_the_pure_functions(tmp_path):
         for name, value in vars(EXPECTED).items():
             assert getattr(result, name) == pytest.approx(value), name
         assert result.comm_mib_per_step == pytest.approx(6)
+        assert [float(v) for v in result.repeats_ms.split()] == pytest.approx([2, 2, 10])
         assert result.checksum == pytest.approx(4.5)
         assert result.repeats == 3 and result.warmup_steps == 1
         assert result.first_step_ms == pytest.approx(40)  # the slowest rank's first step

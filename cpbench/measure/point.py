@@ -28,7 +28,15 @@ from cpbench.measure.checksum import local_share
 from cpbench.measure.fault import Fault
 from cpbench.measure.memory import read_peak_gib, release, reset_peak
 from cpbench.measure.oom import BudgetExceeded, describe, is_oom
-from cpbench.measure.stats import PointTimes, RepeatTiming, comm_mib_per_step, settled, spread_wide
+from cpbench.measure.stats import (
+    PointTimes,
+    RepeatTiming,
+    comm_mib_per_step,
+    first_step_ms,
+    repeat_totals_ms,
+    settled,
+    spread_wide,
+)
 from cpbench.measure.step import StepRunner
 from cpbench.runtime.logs import LOG
 from cpbench.runtime.seed import seed_all
@@ -52,9 +60,11 @@ class PointResult:
     grad_norm: float | None = None  # mode=accuracy, native training: see StepRunner.grad_norm
     warmup_steps: int | None = None  # the warm-up steps taken
     repeats: int | None = None  # the timed repeats taken
-    first_step_ms: float | None = (
-        None  # the first step (compile, autotune, allocator: paid once), slowest rank
-    )
+    # The first warm-up step of the slowest rank: the steady walltime plus one-off costs (compilation,
+    # autotuning, allocator growth), kept apart from the steady median.
+    first_step_ms: float | None = None
+    # Every timed repeat of the slowest rank, in order: what a confidence interval of the median needs.
+    repeats_ms: str = ""
     error: str = ""
     # Per op label: calls, bytes sent (forward, backward) and seconds per step, max over ranks.
     comm_ops: list[dict[str, Any]] = field(default_factory=list)
@@ -336,17 +346,19 @@ def _summarise(steps: RankSteps, peak: float, control, loss: bool = False) -> Po
     counted = [s.share for s in gathered if s.share is not None]  # blank when no rank returned a tensor
     checksum = math.fsum(counted) if counted else None
     repeats = len(steps.timings)
+    per_rank = [s.timings for s in gathered]
     return PointResult(
         status="ok",
         peak_mem_gib=peak,
-        **asdict(PointTimes.across_ranks([s.timings for s in gathered])),
+        **asdict(PointTimes.across_ranks(per_rank)),
         comm_mib_per_step=comm_mib_per_step([s.bytes_per_step for s in gathered]),
         checksum=checksum,
         loss=checksum if loss else None,
         grad_norm=steps.grad_norm,  # the summed gradients: the same on every rank
         warmup_steps=steps.warmup_steps,
         repeats=repeats,
-        first_step_ms=max(s.first_step_s for s in gathered) * 1e3,
+        first_step_ms=first_step_ms([s.first_step_s for s in gathered]),
+        repeats_ms=" ".join(f"{ms!r}" for ms in repeat_totals_ms(per_rank)),
         comm_ops=_slowest_ops([s.ops for s in gathered], repeats),
     )
 

@@ -34,6 +34,17 @@ def slowest(per_rank: Sequence[Sequence[RepeatTiming]]) -> list[RepeatTiming]:
     ]
 
 
+def repeat_totals_ms(per_rank: Sequence[Sequence[RepeatTiming]]) -> list[float]:
+    """Each timed repeat's walltime in ms, the slowest rank's: the samples behind the median."""
+    return [r.total * 1e3 for r in slowest(per_rank)]
+
+
+def first_step_ms(per_rank: Sequence[float | None]) -> float | None:
+    """The first warm-up step in ms, the slowest rank's; None with no warm-up (a probe step)."""
+    seconds = [s for s in per_rank if s is not None]
+    return max(seconds) * 1e3 if seconds else None
+
+
 def median_iqr(samples: Sequence[float]) -> tuple[float, float]:
     """Median and interquartile range (inclusive quartiles); one sample has no spread."""
     if len(samples) == 1:

@@ -38,6 +38,10 @@ class RunFolder:
     REPORT = "cp_benchmark.md"
     LOGS = "logs"
     SLURM = "slurm"  # submitit's pickles and every task's logs, one folder per job
+    EXPERIMENTS = "experiments"  # a plan's sub-runs, one run folder each (experiments/<name>/)
+    EXPERIMENTS_CSV = "experiments.csv"  # a plan's verdicts
+    EXPERIMENTS_MD = "experiments.md"
+    EXPERIMENTS_PNG = "experiments_walltime.png"
     LOCK = ".cpbench.lock"  # held by the process that runs the folder's run; names it
     REPEATS = "repeat_check"  # repeat_check: the second and later runs, run2, run3, ...
     # Files only a run folder holds; a sweep folder holds run folders (its own results.csv is a merge).
@@ -112,6 +116,26 @@ class RunFolder:
     def repeat_run(self, number: int) -> RunFolder:
         """The `number`th run of a repeat check (this folder's own run is the first)."""
         return RunFolder(self.root / self.REPEATS / f"run{number}")
+
+    def experiment_run(self, name: str) -> RunFolder:
+        """The run folder of one run of a plan: an experiment, or a measurement of its reference."""
+        return RunFolder(self.root / self.EXPERIMENTS / name)
+
+    @property
+    def experiments_csv(self) -> Path:
+        return self.root / self.EXPERIMENTS_CSV
+
+    @property
+    def experiments_md(self) -> Path:
+        return self.root / self.EXPERIMENTS_MD
+
+    @property
+    def experiments_png(self) -> Path:
+        return self.root / self.EXPERIMENTS_PNG
+
+    def is_finished(self) -> bool:
+        """The run ended whole (its report written, no failure recorded): a plan does not run it again."""
+        return bool(self.read_metadata().get("finished")) and not self.failure.exists()
 
     def check_writable(self) -> None:
         """Fail before anything starts when the folder cannot hold a run (a file, no permission)."""

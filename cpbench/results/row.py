@@ -43,6 +43,7 @@ class ResultRow:
     # (compilation, autotuning, the allocator's first requests), slowest rank.
     warmup_steps: int | None = None
     first_step_ms: float | None = None
+    repeats_ms: str = ""  # every timed repeat's walltime (slowest rank), space-separated
     # How it was measured.
     warmup: int  # the warm-up floor (timing.warmup); warmup_steps says how many were taken
     repeats: int  # the timed repeats taken (before the point is measured: timing.repeats)

@@ -166,6 +166,9 @@ class BenchConfig:
     # sub-runs without the probe), and the spread of each figure is recorded (run.json, the report).
     repeat_check: int = 0
     dtype: DType = DType.float32
+    # torch.set_float32_matmul_precision for every rank: highest (torch's default), high (TF32 on
+    # GPUs), medium (bf16 passes); float32 matmuls only, a knob of experiment plans.
+    matmul_precision: str = "highest"
     topology: TopologyConfig = field(default_factory=TopologyConfig)
     shape: ShapeConfig = field(default_factory=ShapeConfig)
     sweep: SweepConfig = field(default_factory=SweepConfig)
@@ -182,6 +185,8 @@ class BenchConfig:
     slurm: SlurmConfig = field(default_factory=SlurmConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     log: LogConfig = field(default_factory=LogConfig)
+    # A plan of knob experiments (configs/experiment/, docs/experiments.md); null: one plain run.
+    experiment: Any = None
     seed: int = 0
     # Measure the same workload at cp=1 under the same per-rank budget beside a CP run, cached by
     # config in output_dir/baseline/ (cpbench/launch/baseline.py).

@@ -10,6 +10,8 @@ from cpbench.settings.schema import BenchConfig
 
 __all__ = ["ConfigError", "to_settings", "validate"]
 
+MATMUL_PRECISIONS = ("highest", "high", "medium")  # torch.set_float32_matmul_precision
+
 
 def to_settings(cfg: DictConfig) -> BenchConfig:
     """The run's settings as typed objects, made once; everything below reads these."""
@@ -78,6 +80,10 @@ def validate(settings: BenchConfig) -> Topology:
     _positive("dist.agree_timeout_s", settings.dist.agree_timeout_s)
     if settings.dist.backend not in (None, "gloo", "nccl"):
         raise ConfigError(f"dist.backend={settings.dist.backend}: allowed values are null (auto), gloo, nccl")
+    if settings.matmul_precision not in MATMUL_PRECISIONS:
+        raise ConfigError(
+            f"matmul_precision={settings.matmul_precision}: allowed values are {', '.join(MATMUL_PRECISIONS)}"
+        )
     if settings.data.path is not None:
         _check_data(settings)
     return topology

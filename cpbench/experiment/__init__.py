@@ -1,0 +1,1 @@
+"""Experiment plans: knob experiments with priorities, decision gates and noise-aware verdicts."""
