@@ -22,10 +22,12 @@ from torch.distributed.elastic.multiprocessing.api import SignalException
 
 from cpbench.bench import RunSpec, run_rank
 from cpbench.callbacks import CheckOutputDir
-from cpbench.core import ConfigError
+from cpbench.core import ConfigError, Topology
 from cpbench.launch import slurm
 from cpbench.launch.local import RankFailure, launch_local
 from cpbench.launch.outcome import close_failed
+from cpbench.probe import predict
+from cpbench.probe.predict import Prediction
 from cpbench.probe.state import ProbeState
 from cpbench.results.folder import FolderLocked, RunFolder
 from cpbench.runtime.rank import pick_backend
@@ -129,12 +131,36 @@ def run(cfg: DictConfig, in_sweep: bool = False) -> int:
             folder.clear_failure()
             spec = RunSpec(settings=settings, output_dir=str(folder.root))
             with _signals_end_the_run():
+                if settings.probe.predict or settings.probe.predict_only:
+                    spec.prediction = _predict(settings, workload, topology, folder if holds_lock else None)
+                    if settings.probe.predict_only:
+                        return 0 if spec.prediction else 1
                 return _run(spec, workload, topology.cp, in_sweep)
     except FolderLocked as err:
         print(f"cpbench: error: {err}", file=sys.stderr)
         return 2
     except (KeyboardInterrupt, Interrupted, SignalException) as stop:
         return _interrupted(folder, topology.cp, stop)
+
+
+def _predict(
+    settings: BenchConfig, workload: Workload, topology: Topology, folder: RunFolder | None
+) -> Prediction | None:
+    """The fake-tensor estimate, made here before any process group starts (under torchrun, by each
+    rank before it joins); the lock holder records it in prediction.json and prints it when alone."""
+    prediction = predict.for_run(settings, workload, topology)
+    if prediction is None or folder is None:
+        return prediction
+    folder.write_json(folder.prediction, prediction.as_json())
+    if settings.probe.predict_only:
+        print("\n".join(predict.summary(prediction)))
+    else:
+        print(
+            f"cpbench: probe.predict: max N_tokens {prediction.proposal or 'none'} predicted within "
+            f"{prediction.budget_gib:g} GiB per rank; real steps confirm it",
+            file=sys.stderr,
+        )
+    return prediction
 
 
 def _run(spec: RunSpec, workload: Workload, cp: int, in_sweep: bool) -> int:

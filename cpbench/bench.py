@@ -24,6 +24,7 @@ from cpbench.measure.fault import Fault
 from cpbench.measure.memory import release
 from cpbench.measure.point import Budget, OutOfMemoryAlone, PointResult, PointSettings, measure_point
 from cpbench.measure.step import StepRunner
+from cpbench.probe.predict import Prediction
 from cpbench.probe.runner import max_fit_row, run_probe, search_config
 from cpbench.probe.search import Trial
 from cpbench.probe.state import ProbeState
@@ -46,6 +47,7 @@ class RunSpec:
 
     settings: BenchConfig
     output_dir: str
+    prediction: Prediction | None = None  # probe.predict: made before the ranks started
 
     @property
     def topology(self) -> Topology:
@@ -65,7 +67,8 @@ def run_rank(spec: RunSpec, workload: Workload | None = None) -> None:
         folder = RunFolder(_broadcast(spec.output_dir, control))  # rank 0 decides, the others follow
         logs.setup(ctx.rank, settings.log.all_ranks, folder.rank_log(ctx.rank))
         try:
-            Bench(settings, ctx, control, folder, workload or instantiate(settings.workload)).run()
+            workload = workload or instantiate(settings.workload)
+            Bench(settings, ctx, control, folder, workload, spec.prediction).run()
         except Exception as err:
             # Record the root cause before teardown: once this rank leaves, its peers fail too, and
             # the launcher must be able to tell which rank failed first and why.
@@ -101,8 +104,10 @@ class Bench:
         control: dist.ProcessGroup,
         folder: RunFolder,
         workload: Workload,
+        prediction: Prediction | None = None,
     ):
         self.settings, self.ctx, self.control, self.folder = settings, ctx, control, folder
+        self.prediction = prediction
         self.lead = ctx.rank == 0
         self.train = settings.workflow is Workflow.training
         self.config_hash = hashed_config(settings)
@@ -220,7 +225,8 @@ class Bench:
         # Peaks are absolute (the CPU baseline included): the model's limit is the cap itself.
         budget = self.point_settings.budget
         limit = _broadcast(budget.gib + budget.baseline_gib, self.control) if budget else None
-        search = search_config(self.settings.probe, self.ctx.topology, limit)
+        proposal = self.prediction.proposal if self.prediction else None
+        search = search_config(self.settings.probe, self.ctx.topology, limit, proposal)
         one_step = self.point_settings.single_step()
 
         steps = itertools.count(len(trials) + 1)
@@ -230,7 +236,7 @@ class Bench:
             return self._measure(shape, one_step)
 
         while True:
-            best, fail = run_probe(search, state, trials, self._probe_shape, step_at)
+            best, fail = run_probe(search, state, trials, self._probe_shape, step_at, self.predicted_gib)
             shape = self._probe_shape(best.n if best else fail.n)
             if not (best and self.settings.probe.measure_at_max):
                 break
@@ -280,7 +286,16 @@ class Bench:
             config_hash=self.config_hash, extra=dict(columns(self.train)) if callable(columns) else {},
             budget_gib=budget.gib if (budget := self.point_settings.budget) else None,
             baseline_gib=budget.baseline_gib if budget else None,
+            predicted_peak_gib=self.predicted_gib(shape.n_tokens),
         )  # fmt: skip
+
+    def predicted_gib(self, n_tokens: int) -> float | None:
+        """The estimate at N as the measured peak counts it: over rank 0's start-up baseline."""
+        estimate = self.prediction.at(n_tokens) if self.prediction else None
+        if estimate is None:
+            return None
+        budget = self.point_settings.budget
+        return estimate + (budget.baseline_gib if budget else 0.0)
 
 
 def _apply_budget(settings: BenchConfig, ctx: RankContext) -> Budget | None:
