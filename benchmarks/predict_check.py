@@ -2,13 +2,17 @@
 start-up baseline, which is what the budget caps) at three N per workload and topology, then the
 probe led by the prediction against the plain probe, through the real entry point.
 
-    python benchmarks/predict_check.py [--workloads pairformer_small fold_small] [--n 64 128 192]
-                                       [--probe-workload pairformer_small] [--budget 0.25]
+    python benchmarks/predict_check.py [--workloads pairformer_small fold_small] [--n 128 192 256]
+                                       [--topologies 1d1 1d2 2d4] [--probe-workload pairformer_small]
+
+The N of cp=1 (`--n`) scale by sqrt(cp) for the other topologies (rounded to 32), so each rank holds
+about as much as at cp=1: the range where the probe's edge lies under one per-rank budget.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import subprocess
 import sys
 import tempfile
@@ -25,7 +29,7 @@ from cpbench.probe import predict
 from cpbench.settings.schema import register
 from cpbench.sweep import resolve_shape
 
-TOPOLOGIES = [("1d", 1, "1d cp=1"), ("1d", 2, "1d cp=2"), ("2d", 4, "2d 2x2")]
+TOPOLOGIES = {"1d1": ("1d", 1, "1d cp=1"), "1d2": ("1d", 2, "1d cp=2"), "2d4": ("2d", 4, "2d 2x2")}
 
 
 def cpbench(args: list[str], out: Path) -> None:
@@ -68,7 +72,8 @@ def probe(
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--workloads", nargs="+", default=["pairformer_small", "fold_small"])
-    parser.add_argument("--n", type=int, nargs=3, default=[64, 128, 192])
+    parser.add_argument("--n", type=int, nargs=3, default=[128, 192, 256])
+    parser.add_argument("--topologies", nargs="+", choices=list(TOPOLOGIES), default=list(TOPOLOGIES))
     parser.add_argument("--probe-workload", default="pairformer_small")
     parser.add_argument("--budget", type=float, default=0.25)
     parser.add_argument("--granularity", type=int, default=32)
@@ -80,10 +85,11 @@ def main() -> None:
             print("| workload | topology | N_tokens | predicted GiB | measured GiB over baseline | error |")
             print("|---|---|---|---|---|---|")
             for workload in args.workloads:
-                for kind, cp, label in TOPOLOGIES:
-                    guess = predicted(workload, kind, cp, args.n)
-                    real = measured(workload, kind, cp, args.n, Path(tmp) / f"{workload}-{kind}{cp}")
-                    for n in args.n:
+                for kind, cp, label in (TOPOLOGIES[t] for t in args.topologies):
+                    ns = [round(n * math.sqrt(cp) / 32) * 32 for n in args.n]
+                    guess = predicted(workload, kind, cp, ns)
+                    real = measured(workload, kind, cp, ns, Path(tmp) / f"{workload}-{kind}{cp}")
+                    for n in ns:
                         error = (guess[n] - real[n]) / real[n]
                         cells = f"{guess[n]:.4f} | {real[n]:.4f} | {error:+.1%}"
                         print(f"| {workload} | {label} | {n} | {cells} |", flush=True)

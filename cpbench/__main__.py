@@ -148,8 +148,13 @@ def _predict(
 ) -> Prediction | None:
     """The fake-tensor estimate, made here before any process group starts (under torchrun, by each
     rank before it joins); the lock holder records it in prediction.json and prints it when alone."""
-    prediction = predict.for_run(settings, workload, topology)
-    if prediction is None or folder is None:
+    try:
+        prediction = predict.for_run(settings, workload, topology)
+    except predict.CannotTrace as err:
+        then = "no estimate" if settings.probe.predict_only else "the plain probe runs"
+        print(f"cpbench: probe.predict: cannot run on fake tensors: {err}; {then}", file=sys.stderr)
+        return None
+    if folder is None:
         return prediction
     folder.write_json(folder.prediction, prediction.as_json())
     if settings.probe.predict_only:

@@ -79,12 +79,14 @@ class _CustomKernel:
         return _opaque(model(batch))
 
 
-def test_an_op_without_a_fake_implementation_falls_back_naming_it(caplog):
+def test_an_op_without_a_fake_implementation_falls_back_naming_it(capsys):
+    from cpbench.__main__ import _predict
+
     settings = BenchConfig(workload=None, output_dir="unused")
-    settings.memory.budget_gib = 1.0
-    with caplog.at_level("WARNING", logger="cpbench"):
-        assert predict.for_run(settings, _CustomKernel(), Topology.from_config("1d", 2, None)) is None
-    assert "cpbench_test.opaque" in caplog.text and "plain probe" in caplog.text
+    settings.memory.budget_gib, settings.probe.enabled, settings.probe.predict = 1.0, True, True
+    assert _predict(settings, _CustomKernel(), Topology.from_config("1d", 2, None), None) is None
+    line = capsys.readouterr().err.strip()
+    assert "cpbench_test.opaque" in line and line.endswith("the plain probe runs") and "\n" not in line
 
 
 def test_settings_are_checked():

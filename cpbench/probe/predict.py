@@ -28,7 +28,6 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from cpbench.core import RankContext, Shape, Topology
 from cpbench.probe.search import align_down, align_up
-from cpbench.runtime.logs import LOG
 from cpbench.runtime.mesh import build_mesh
 from cpbench.runtime.seed import seed_all
 from cpbench.settings.schema import BenchConfig, Workflow
@@ -44,7 +43,9 @@ class CannotTrace(RuntimeError):
     data-dependent value such as `.item()`): `op` names it."""
 
     def __init__(self, op: str, detail: str):
-        super().__init__(f"{op}: {detail}")
+        if "_local_scalar_dense" in op:
+            detail = "a tensor's value read in Python (.item(), int(t), a data-dependent branch)"
+        super().__init__(op if detail in ("", op) else f"{op}: {detail}")
         self.op = op
 
 
@@ -284,25 +285,21 @@ def budget_of(settings: BenchConfig) -> float | None:
     return None if torch.cuda.is_available() else memory.cpu_budget_gib
 
 
-def for_run(settings: BenchConfig, workload: Workload, topology: Topology) -> Prediction | None:
-    """The run's prediction, or None (one line naming the op) when the workload cannot be traced."""
+def for_run(settings: BenchConfig, workload: Workload, topology: Topology) -> Prediction:
+    """The run's prediction; CannotTrace names the op when the workload cannot run on fake tensors."""
     p = settings.probe
-    try:
-        return predict(
-            workload,
-            topology,
-            lambda n: resolve_shape(settings.shape, n_tokens=n),
-            settings.workflow is Workflow.training,
-            getattr(torch, settings.dtype.value),
-            settings.seed,
-            budget_of(settings),
-            p.start,
-            p.factor,
-            p.max_tokens,
-        )
-    except CannotTrace as err:
-        LOG.warning("probe.predict: %s cannot run on fake tensors (%s): the plain probe runs", err.op, err)
-        return None
+    return predict(
+        workload,
+        topology,
+        lambda n: resolve_shape(settings.shape, n_tokens=n),
+        settings.workflow is Workflow.training,
+        getattr(torch, settings.dtype.value),
+        settings.seed,
+        budget_of(settings),
+        p.start,
+        p.factor,
+        p.max_tokens,
+    )
 
 
 def summary(prediction: Prediction) -> list[str]:
