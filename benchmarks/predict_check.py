@@ -43,7 +43,7 @@ def predicted(workload: str, kind: str, cp: int, ns: list[int]) -> dict[int, flo
     topology = Topology.from_config(kind, cp, None)
     shape = lambda n: resolve_shape(cfg.shape, n_tokens=n)  # noqa: E731
     p = predict.predict(instantiate(cfg.workload), topology, shape, False, torch.float32, 0, None, 0, 2.0,
-                        None, points=ns)  # fmt: skip
+                        None, points=ns, gloo=True)  # fmt: skip
     return {e.n: e.peak_gib for e in p.estimates}
 
 

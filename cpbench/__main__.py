@@ -111,7 +111,8 @@ def run(cfg: DictConfig, in_sweep: bool = False) -> int:
             slurm.layout(topology.cp, settings.slurm)
         else:
             _job_tasks_as_ranks(topology.cp)
-            _check_environment(settings, topology.cp)
+            if not settings.probe.predict_only:  # the estimate alone needs no devices
+                _check_environment(settings, topology.cp)
         workload = _build_workload(settings)
         check_topology = getattr(workload, "check_topology", None)
         if callable(check_topology):

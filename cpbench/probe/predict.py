@@ -29,6 +29,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 from cpbench.core import RankContext, Shape, Topology
 from cpbench.probe.search import align_down, align_up
 from cpbench.runtime.mesh import build_mesh
+from cpbench.runtime.rank import pick_backend
 from cpbench.runtime.seed import seed_all
 from cpbench.settings.schema import BenchConfig, Workflow
 from cpbench.sweep import resolve_shape
@@ -88,7 +89,8 @@ class Prediction:
 
 
 ASSUMPTIONS = (
-    "live tensor bytes only: no allocator rounding (CPU; CUDA's caching allocator rounds blocks to 512 B), "
+    "live tensor bytes (on gloo, with its all_gather / reduce_scatter staging buffers) only: "
+    "no allocator rounding (CPU; CUDA's caching allocator rounds blocks to 512 B), "
     "no workspace (cuBLAS, NCCL buffers), no fragmentation margin, and nothing of the process itself "
     "(interpreter, libraries: the CPU baseline); the optimizer's state is counted as AdamW's 2x the "
     "parameters, its temporaries are not"
@@ -102,17 +104,27 @@ def traced_ranks(topology: Topology) -> tuple[int, ...]:
     return tuple(sorted({0, min(1, world - 1), world - 1}))
 
 
+# gloo stages these collectives through a flat buffer as large as the argument named here (measured:
+# all_gather_into_tensor of 200 MB raises the resident peak by 200 MB; all_to_all and all_reduce do not).
+GLOO_STAGED = {"c10d._allgather_base_.default": 0, "c10d._reduce_scatter_base_.default": 1}
+
+
 class LiveBytes(TorchDispatchMode):
     """The peak of live tensor storage bytes: each storage an op creates is counted once (views and
-    in-place results share it) until it is freed."""
+    in-place results share it) until it is freed; with `gloo`, plus the staging buffer of a collective
+    while it runs."""
 
-    def __init__(self, held: int = 0):
+    def __init__(self, held: int = 0, gloo: bool = False):
         super().__init__()
+        self.gloo = gloo
         self.live = self.peak = held
         self._seen: WeakIdKeyDictionary = WeakIdKeyDictionary()
         self.failed_op: str | None = None  # the op that could not run on fake tensors
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+        staged = GLOO_STAGED.get(str(func)) if self.gloo else None
+        if staged is not None:
+            self.peak = max(self.peak, self.live + args[staged].nbytes)
         try:
             out = func(*args, **(kwargs or {}))
         except Exception:
@@ -162,7 +174,7 @@ def _op_of(err: Exception) -> str:
 
 
 def trace_peak(workload: Workload, topology: Topology, shape: Shape, train: bool, dtype: torch.dtype,
-               seed: int, rank: int) -> float:  # fmt: skip
+               seed: int, rank: int, gloo: bool = False) -> float:  # fmt: skip
     """One rank's peak bytes of a probe step (the model, the batch, the step's tensors). The model is
     built for real (its weights are small beside the activations, and module moves do not take fake
     parameters); the batch and the step are traced on fake tensors."""
@@ -174,7 +186,7 @@ def trace_peak(workload: Workload, topology: Topology, shape: Shape, train: bool
         # AdamW's exp_avg and exp_avg_sq, alive from the first training step on.
         optim_bytes = 2 * sum(p.numel() * p.element_size() for p in params) if train and params else 0
         weights = {id(t.untyped_storage()): t.untyped_storage().nbytes() for t in model.state_dict().values()}
-        tracker = LiveBytes(sum(weights.values()))
+        tracker = LiveBytes(sum(weights.values()), gloo)
         try:
             with FakeTensorMode(allow_non_fake_inputs=True), tracker:
                 seed_all(seed)
@@ -193,9 +205,9 @@ def trace_peak(workload: Workload, topology: Topology, shape: Shape, train: bool
 
 
 def estimate(workload: Workload, topology: Topology, shape: Shape, train: bool, dtype: torch.dtype,
-             seed: int, ranks: tuple[int, ...]) -> Estimate:  # fmt: skip
+             seed: int, ranks: tuple[int, ...], gloo: bool = False) -> Estimate:  # fmt: skip
     """The largest per-rank peak over the traced ranks at one shape."""
-    peak = max(trace_peak(workload, topology, shape, train, dtype, seed, r) for r in ranks)
+    peak = max(trace_peak(workload, topology, shape, train, dtype, seed, r, gloo) for r in ranks)
     return Estimate(shape.n_tokens, peak / GIB)
 
 
@@ -211,6 +223,7 @@ def predict(
     factor: float,
     max_tokens: int | None,
     points: list[int] | None = None,
+    gloo: bool = False,
 ) -> Prediction:
     """Trace at `points` when given; otherwise ramp N from `start` by `factor` until the predicted
     peak passes the budget, fit a quadratic of peak in N through the last three traces, and trace at
@@ -219,7 +232,7 @@ def predict(
     prediction = Prediction(budget_gib=budget_gib, ranks=traced_ranks(topology))
 
     def trace(n: int) -> Estimate:
-        e = estimate(workload, topology, shape_at(n), train, dtype, seed, prediction.ranks)
+        e = estimate(workload, topology, shape_at(n), train, dtype, seed, prediction.ranks, gloo)
         prediction.estimates.append(e)
         return e
 
@@ -299,6 +312,7 @@ def for_run(settings: BenchConfig, workload: Workload, topology: Topology) -> Pr
         p.start,
         p.factor,
         p.max_tokens,
+        gloo=pick_backend(settings.dist.backend) == "gloo",
     )
 
 
