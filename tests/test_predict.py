@@ -122,9 +122,10 @@ def test_a_predicted_search_confirms_in_two_steps_when_the_prediction_holds(edge
 
 @pytest.fixture(scope="module")
 def guided_run(tmp_path_factory):
+    """cp=1: the rank runs in the process that made the prediction, after its fake group is gone."""
     out = tmp_path_factory.mktemp("predict")
-    args = ["topology.cp=2", "sweep.n_tokens=[64]", "probe.enabled=true", "probe.predict=true",
-            "probe.start=64", "probe.granularity=64", "probe.measure_at_max=false", "memory.budget_gib=0.25",
+    args = ["topology.cp=1", "sweep.n_tokens=[64]", "probe.enabled=true", "probe.predict=true",
+            "probe.start=64", "probe.granularity=64", "probe.measure_at_max=false", "memory.budget_gib=0.1",
             *TIMING]  # fmt: skip
     proc = ok(cpbench(*args, f"output_dir={out}", cwd=out, timeout=300))
     return out, proc
@@ -147,7 +148,7 @@ def test_predict_only_prints_the_estimate_and_runs_no_step(tmp_path):
         "topology.kind=2d",
         "topology.cp=4",
         "memory.budget_gib=0.02",
-        "probe.start=32",
+        "probe.start=128",
         "probe.predict_only=true",
     ]
     proc = ok(cpbench(*args, *FAST, f"output_dir={tmp_path}", cwd=tmp_path, timeout=120))
