@@ -34,6 +34,8 @@ from cpbench.launch.local import RankFailure, launch_local
 from cpbench.launch.outcome import close_failed
 from cpbench.plan.changes import load_job, what_changed
 from cpbench.plan.footprint import Snapshot
+from cpbench.probe import predict
+from cpbench.probe.predict import Prediction
 from cpbench.probe.state import ProbeState
 from cpbench.report.markdown import what_changed_lines
 from cpbench.report.single import write_report
@@ -135,7 +137,8 @@ def _checked(cfg: DictConfig) -> tuple[BenchConfig, Topology, Workload]:
         slurm.layout(topology.cp, settings.slurm)
     else:
         _job_tasks_as_ranks(topology.cp)
-        _check_environment(settings, topology.cp)
+        if not settings.probe.predict_only:  # the estimate alone needs no devices
+            _check_environment(settings, topology.cp)
     _check_runs_of_its_own(settings)
     workload = _build_workload(settings)
     check_topology = getattr(workload, "check_topology", None)
@@ -165,9 +168,6 @@ def run(cfg: DictConfig, in_sweep: bool = False, baseline_root: Path | None = No
         return 2
     # One run per folder: the process that launches the ranks (or, under torchrun, rank 0) holds it.
     holds_lock = os.environ.get("RANK", "0") == "0"
-    if holds_lock:
-        print("cpbench: what differs from the real job (docs/budget.md):", file=sys.stderr)
-        print("\n".join(what_changed_lines(changes)), file=sys.stderr)
     # In a sweep the other jobs' folders (and the merged report) are the sweep's own writes.
     before = None
     if holds_lock and not settings.slurm.enabled:
@@ -175,7 +175,14 @@ def run(cfg: DictConfig, in_sweep: bool = False, baseline_root: Path | None = No
     try:
         with folder.lock() if holds_lock else contextlib.nullcontext():
             folder.clear_failure()
+            if holds_lock:  # once the folder is this run's: a refused run says only why
+                print("cpbench: what differs from the real job (docs/budget.md):", file=sys.stderr)
+                print("\n".join(what_changed_lines(changes)), file=sys.stderr)
             spec = RunSpec(settings=settings, output_dir=str(folder.root), what_changed=changes)
+            if settings.probe.predict or settings.probe.predict_only:
+                spec.prediction = _predict(settings, workload, topology, folder if holds_lock else None)
+                if settings.probe.predict_only:
+                    return 0 if spec.prediction else 1
             if holds_lock and not _under_torchrun():
                 base = attach_baseline(folder, settings, baseline_root or folder.root)
                 if settings.mode is Mode.accuracy and base is None:
@@ -213,6 +220,31 @@ def _check_footprint(folder: RunFolder, before: Snapshot) -> None:
         folder.write_metadata({**folder.read_metadata(), "footprint": found})
         if folder.report.exists():
             write_report(folder.root)
+
+
+def _predict(
+    settings: BenchConfig, workload: Workload, topology: Topology, folder: RunFolder | None
+) -> Prediction | None:
+    """The fake-tensor estimate, made here before any process group starts (under torchrun, by each
+    rank before it joins); the lock holder records it in prediction.json and prints it when alone."""
+    try:
+        prediction = predict.for_run(settings, workload, topology)
+    except predict.CannotTrace as err:
+        then = "no estimate" if settings.probe.predict_only else "the plain probe runs"
+        print(f"cpbench: probe.predict: cannot run on fake tensors: {err}; {then}", file=sys.stderr)
+        return None
+    if folder is None:
+        return prediction
+    folder.write_json(folder.prediction, prediction.as_json())
+    if settings.probe.predict_only:
+        print("\n".join(predict.summary(prediction)))
+    else:
+        print(
+            f"cpbench: probe.predict: max N_tokens {prediction.proposal or 'none'} predicted within "
+            f"{prediction.budget_gib:g} GiB per rank; real steps confirm it",
+            file=sys.stderr,
+        )
+    return prediction
 
 
 def _run(spec: RunSpec, workload: Workload, cp: int, in_sweep: bool) -> int:

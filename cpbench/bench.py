@@ -36,6 +36,7 @@ from cpbench.measure.point import (
 from cpbench.measure.step import StepRunner
 from cpbench.plan.budget import Plan, Step, Verdict, duration, estimate, fit_budget
 from cpbench.plan.changes import budget_rows
+from cpbench.probe.predict import Prediction
 from cpbench.probe.runner import max_fit_row, run_probe, search_config
 from cpbench.probe.search import SearchConfig, Trial
 from cpbench.probe.state import ProbeState
@@ -62,6 +63,7 @@ class RunSpec:
     # The what-changed table (`cpbench.plan.changes`), made before launch; rank 0 records it in run.json.
     what_changed: list[dict[str, Any]] = field(default_factory=list)
     reference_dir: str | None = None  # mode=accuracy: the cp=1 run each point is checked against
+    prediction: Prediction | None = None  # probe.predict: made before the ranks started
 
     @property
     def topology(self) -> Topology:
@@ -83,9 +85,8 @@ def run_rank(spec: RunSpec, workload: Workload | None = None) -> None:
         folder = RunFolder(_broadcast(spec.output_dir, control))  # rank 0 decides, the others follow
         logs.setup(ctx.rank, settings.log.all_ranks, folder.rank_log(ctx.rank))
         try:
-            bench = Bench(
-                settings, ctx, control, folder, workload or instantiate(settings.workload), spec.what_changed
-            )
+            workload = workload or instantiate(settings.workload)
+            bench = Bench(settings, ctx, control, folder, workload, spec.what_changed, spec.prediction)
             if spec.reference_dir and bench.lead:
                 bench.check_against(RunFolder(spec.reference_dir))
             bench.run()
@@ -146,8 +147,10 @@ class Bench:
         folder: RunFolder,
         workload: Workload,
         what_changed: list[dict[str, Any]] | None = None,
+        prediction: Prediction | None = None,
     ):
         self.settings, self.ctx, self.control, self.folder = settings, ctx, control, folder
+        self.prediction = prediction
         self.lead = ctx.rank == 0
         self.train = settings.workflow is Workflow.training
         self.config_hash = hashed_config(settings)
@@ -391,7 +394,7 @@ class Bench:
             return self._measure(shape, one_step)
 
         while True:
-            best, fail = run_probe(search, state, trials, self._probe_shape, step_at)
+            best, fail = run_probe(search, state, trials, self._probe_shape, step_at, self.predicted_gib)
             shape = self._probe_shape(best.n if best else fail.n)
             if not (best and self.settings.probe.measure_at_max):
                 break
@@ -428,7 +431,8 @@ class Bench:
         """The probe's search. Peaks are absolute (the CPU baseline included): its limit is the cap."""
         budget = self.point_settings.budget
         limit = _broadcast(budget.gib + budget.baseline_gib, self.control) if budget else None
-        return search_config(self.settings.probe, self.ctx.topology, limit)
+        proposal = self.prediction.proposal if self.prediction else None
+        return search_config(self.settings.probe, self.ctx.topology, limit, proposal)
 
     def _probe_shape(self, n_tokens: int) -> Shape:
         return resolve_shape(self.settings.shape, n_tokens=n_tokens)
@@ -474,7 +478,16 @@ class Bench:
             config_hash=self.config_hash, extra=dict(columns(self.train)) if callable(columns) else {},
             budget_gib=budget.gib if (budget := self.point_settings.budget) else None,
             baseline_gib=budget.baseline_gib if budget else None,
+            predicted_peak_gib=self.predicted_gib(shape.n_tokens),
         )  # fmt: skip
+
+    def predicted_gib(self, n_tokens: int) -> float | None:
+        """The estimate at N as the measured peak counts it: over rank 0's start-up baseline."""
+        estimate = self.prediction.at(n_tokens) if self.prediction else None
+        if estimate is None:
+            return None
+        budget = self.point_settings.budget
+        return estimate + (budget.baseline_gib if budget else 0.0)
 
 
 def _apply_budget(settings: BenchConfig, ctx: RankContext) -> Budget | None:

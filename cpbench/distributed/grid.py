@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from cpbench.core import RankContext, Tiling
 from cpbench.distributed.comm import all_gather, all_to_all_v, broadcast, send_recv
@@ -48,7 +49,8 @@ class Grid:
         if dist.get_world_size() != rows * cols:
             world = dist.get_world_size()
             raise ValueError(f"grid {rows}x{cols} needs a world of {rows * cols} ranks, not {world}")
-        table = ctx.mesh.mesh.reshape(rows, cols).tolist()
+        with unset_fake_temporarily():  # the ranks are real even while a step is traced (probe.predict)
+            table = ctx.mesh.mesh.reshape(rows, cols).tolist()
         return Grid(
             rows=rows,
             cols=cols,

@@ -14,7 +14,9 @@ from cpbench.runtime.logs import LOG
 from cpbench.settings.schema import ProbeConfig
 
 
-def search_config(p: ProbeConfig, topology: Topology, budget_gib: float | None) -> SearchConfig:
+def search_config(
+    p: ProbeConfig, topology: Topology, budget_gib: float | None, predicted: int | None = None
+) -> SearchConfig:
     return SearchConfig(
         start=p.start,
         factor=p.factor,
@@ -23,6 +25,7 @@ def search_config(p: ProbeConfig, topology: Topology, budget_gib: float | None) 
         max_tokens=p.max_tokens,
         budget_gib=budget_gib,
         guided=p.guided,
+        predicted=predicted,
     )
 
 
@@ -32,6 +35,7 @@ def run_probe(
     trials: list[Trial],
     shape_at: Callable[[int], Shape],
     step_at: Callable[[Shape], PointResult],
+    predicted_at: Callable[[int], float | None] = lambda n: None,
 ) -> tuple[Trial | None, Trial | None]:
     """Try N after N until the search is done; `state` (rank 0 only) persists each. Every rank
     computes the same proposals from the same (agreed) outcomes."""
@@ -49,17 +53,19 @@ def run_probe(
             peak_gib=result.peak_mem_gib,
             seconds=time.perf_counter() - t0,
             guided=proposal.guided,
+            predicted_gib=predicted_at(proposal.n),
         )
         trials.append(trial)
         steps += 1
         if state is not None:
             state.finish(trial)
         LOG.info(
-            "probe N=%d%s: %s, peak %.3f GiB (%.1f s)",
+            "probe N=%d%s: %s, peak %.3f GiB%s (%.1f s)",
             trial.n,
             " (guided)" if trial.guided else "",
             "fits" if trial.fits else f"does not fit ({result.error})",
             trial.peak_gib,
+            "" if trial.predicted_gib is None else f" (predicted {trial.predicted_gib:.3f})",
             trial.seconds,
         )
     best, fail = bounds(trials)

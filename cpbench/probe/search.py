@@ -22,6 +22,7 @@ class Trial:
     seconds: float | None = None
     guided: bool = False  # proposed by the memory model rather than by the ramp or bisection
     point: bool = False  # a walltime point of the run at the probe's shape, not a probe step
+    predicted_gib: float | None = None  # the fake-tensor estimate of peak_gib (probe.predict)
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,7 @@ class SearchConfig:
     max_tokens: int | None = None
     budget_gib: float | None = None  # enables the guided proposal
     guided: bool = True
+    predicted: int | None = None  # the N the fake-tensor estimate proposes: it replaces the ramp
 
 
 @dataclass(frozen=True)
@@ -76,11 +78,39 @@ def _crossing(model: np.poly1d, budget: float, lo: int, hi: int) -> float | None
     return min(inside) if inside else None
 
 
+def _confirm(cfg: SearchConfig, trials: list[Trial], cap: int | None) -> Proposal | None | bool:
+    """The opening of a predicted search: the proposal, then one granularity past it (above after a
+    fit, below after a failure), the step doubling while the outcome repeats; False once a fit and a
+    failure bound the edge (bisection takes over)."""
+    m, g = cfg.multiple, max(cfg.granularity, cfg.multiple)
+    proposal = max(m, align_down(cfg.predicted, m))
+    proposal = min(proposal, cap) if cap else proposal
+    best, fail = bounds(trials) if trials else (None, None)
+    tried = {t.n for t in trials}
+    # First the proposal itself, unless the trials so far (walltime points too) already decide it.
+    if proposal not in tried and (best is None or proposal > best.n) and (fail is None or proposal < fail.n):
+        return Proposal(proposal, True)
+    if best is not None and fail is not None:
+        return False
+    if fail is None:  # every step fits: the prediction was low (or exact); step up past it
+        above = len({t.n for t in trials if t.n >= proposal})
+        n = max(align_up(best.n + g * 2 ** max(0, above - 1), m), best.n + m)
+        n = min(n, cap) if cap else n
+        return None if n <= best.n or n in tried else Proposal(n, True)
+    below = len({t.n for t in trials if t.n <= proposal})  # every step failed: step down
+    n = max(m, align_down(fail.n - g * 2 ** max(0, below - 1), m))
+    return None if n >= fail.n or n in tried else Proposal(n, True)
+
+
 def next_trial(cfg: SearchConfig, trials: list[Trial]) -> Proposal | None:
     """The next N to try, or None when the search is done."""
     m = cfg.multiple
     cap = align_down(cfg.max_tokens, m) if cfg.max_tokens else None
     tried = {t.n for t in trials}
+    if cfg.predicted is not None:
+        opening = _confirm(cfg, trials, cap)
+        if opening is not False:
+            return opening
     if not trials:
         start = max(m, align_down(cfg.start, m))
         return Proposal(min(start, cap) if cap else start, False)

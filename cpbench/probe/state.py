@@ -87,8 +87,8 @@ class ProbeState:
             "interrupted": self.interrupted,
         }
         self.folder.write_json(self.folder.probe_state, payload)
-        columns = ["n", "fits", "status", "peak_gib", "seconds", "guided", "point"]
+        columns = ["n", "fits", "status", "peak_gib", "predicted_gib", "seconds", "guided", "point"]
         frame = pd.DataFrame(trials, columns=columns).rename(
-            columns={"n": "N_tokens", "peak_gib": "max_peak_gib"}
+            columns={"n": "N_tokens", "peak_gib": "max_peak_gib", "predicted_gib": "predicted_peak_gib"}
         )
         self.folder.write_text(self.folder.probe_csv, frame.to_csv(index=False))

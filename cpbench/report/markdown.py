@@ -22,7 +22,8 @@ _TABLE = {
     "kind": "kind", "workload": "workload", "workflow": "workflow", "topology": "topology", "cp": "cp",
     "N_tokens": "N_tokens", "N_atoms": "N_atoms", "MSA_depth": "MSA", "dtype": "dtype", "status": "status",
     "walltime_ms": "walltime ms (median)", "walltime_iqr_ms": "IQR ms", "tokens_per_s": "tokens/s",
-    "comm_ms": "comm ms", "peak_mem_gib": "peak GiB (max rank)", "checksum": "checksum", "seed": "seed",
+    "comm_ms": "comm ms", "peak_mem_gib": "peak GiB (max rank)", "predicted_peak_gib": "predicted peak GiB",
+    "checksum": "checksum", "seed": "seed",
     "config_hash": "config",
 }  # fmt: skip
 
@@ -267,6 +268,31 @@ def _failure_sentences(frame: pd.DataFrame) -> list[str]:
     return sentences
 
 
+def prediction_errors(frame: pd.DataFrame) -> pd.DataFrame:
+    """Rows with both a measured and a predicted peak, and the prediction's error relative to the
+    measured peak over the start-up baseline (what the budget caps; the baseline itself is not predicted)."""
+    needed = ["predicted_peak_gib", "peak_mem_gib"]
+    if not set(needed) <= set(frame.columns):
+        return frame.iloc[0:0]
+    rows = frame[frame["predicted_peak_gib"].notna() & frame["peak_mem_gib"].notna()].copy()
+    base = rows["baseline_gib"].fillna(0.0) if "baseline_gib" in rows.columns else 0.0
+    measured = (rows["peak_mem_gib"] - base).where(lambda over: over > 0)
+    rows["prediction_error"] = (rows["predicted_peak_gib"] - rows["peak_mem_gib"]) / measured
+    return rows[rows["prediction_error"].notna()]
+
+
+def prediction_sentences(frame: pd.DataFrame) -> list[str]:
+    rows = prediction_errors(frame)
+    if rows.empty:
+        return []
+    parts = "; ".join(f"N={r.N_tokens} {r.prediction_error:+.1%}" for r in rows.itertuples())
+    worst = rows["prediction_error"].abs().max()
+    return [
+        f"The fake-tensor estimate (probe.predict) was within {worst:.1%} of the measured peak over the "
+        f"baseline ({parts})."
+    ]
+
+
 def readout(frame: pd.DataFrame) -> str:
     """Max N at each CP size against cp=1, the walltime gained, and whether compute or communication
     dominates; one paragraph per like-for-like group."""
@@ -282,6 +308,7 @@ def readout(frame: pd.DataFrame) -> str:
             + _speed_sentences(group)
             + _noise_sentences(group)
             + _failure_sentences(group)
+            + prediction_sentences(group)
         )
         text = " ".join(sentences)
         paragraphs.append(f"**{group_label(key)}**: {text}" if len(groups) > 1 else text)
@@ -290,6 +317,8 @@ def readout(frame: pd.DataFrame) -> str:
 
 def _rows_table(frame: pd.DataFrame, extra: Sequence[str] = ()) -> list[str]:
     cols = [c for c in extra if c in frame.columns] + [c for c in _TABLE if c in frame.columns]
+    if "predicted_peak_gib" in cols and frame["predicted_peak_gib"].isna().all():
+        cols.remove("predicted_peak_gib")  # a run without probe.predict
     lines = ["| " + " | ".join(_TABLE.get(c, c) for c in cols) + " |", "|" + "---|" * len(cols)]
     shown = frame.copy()
     if "oom_at" in shown.columns:  # a max-fit row names the first N that did not fit

@@ -33,6 +33,7 @@ class RunFolder:
     STATE = "state.json"  # the point in flight
     PROBE_STATE = "probe_state.json"  # every N the probe tried, and the N in flight
     PROBE_CSV = "probe.csv"
+    PREDICTION = "prediction.json"  # probe.predict: the fake-tensor estimate at each traced N
     RUN = "run.json"  # the run's metadata
     FAILURE = "failure.json"  # how a run that did not finish ended
     REPORT = "cp_benchmark.md"
@@ -73,6 +74,10 @@ class RunFolder:
     @property
     def probe_csv(self) -> Path:
         return self.root / self.PROBE_CSV
+
+    @property
+    def prediction(self) -> Path:
+        return self.root / self.PREDICTION
 
     @property
     def run_json(self) -> Path:

@@ -24,6 +24,8 @@ class ResultRow:
     # What was measured.
     status: str | None = None  # ok | oom | crashed | error | mismatch (mode=accuracy: differs from cp=1)
     peak_mem_gib: float | None = None  # max over ranks
+    # probe.predict: the fake-tensor estimate of peak_mem_gib (the baseline included, as the measure)
+    predicted_peak_gib: float | None = None
     walltime_ms: float | None = None  # median over repeats of the slowest rank
     walltime_iqr_ms: float | None = None
     tokens_per_s: float | None = None

@@ -67,6 +67,10 @@ class ProbeConfig:
     max_tokens: int | None = None
     measure_at_max: bool = True  # then the full walltime measurement at the largest N that fits
     guided: bool = True  # propose N from a fit of peak memory in N where it fits well
+    # Estimate the per-rank peak on fake tensors first (docs/probe.md) and start the real steps at
+    # the N it predicts fits the budget: one step there, one just above it, bisection only if it was off.
+    predict: bool = False
+    predict_only: bool = False  # the estimate alone (python -m cpbench.predict): no real step runs
 
 
 @dataclass

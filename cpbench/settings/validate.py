@@ -71,6 +71,14 @@ def validate(settings: BenchConfig) -> Topology:
     _positive("probe.max_tokens", p.max_tokens, allow_null=True)
     if p.factor <= 1:
         raise ConfigError(f"probe.factor={p.factor}: must be > 1")
+    if p.predict and not p.enabled:
+        raise ConfigError(
+            "probe.predict=true: it leads the probe; set probe.enabled=true, "
+            "or probe.predict_only=true for the estimate alone"
+        )
+    memory = settings.memory
+    if (p.predict or p.predict_only) and memory.budget_gib is None and memory.cpu_budget_gib is None:
+        raise ConfigError("probe.predict: needs a per-rank budget: set memory.budget_gib")
     _positive("memory.budget_gib", settings.memory.budget_gib, allow_null=True)
     _positive("memory.cpu_budget_gib", settings.memory.cpu_budget_gib, allow_null=True)
     if settings.launch.max_restarts < 0:
@@ -108,7 +116,7 @@ def _check_data(settings: BenchConfig) -> None:
     from cpbench.inputs import FeatureError, load_features
 
     path = settings.data.path
-    if settings.probe.enabled:
+    if settings.probe.enabled or settings.probe.predict_only:
         raise ConfigError(
             "probe.enabled=true: a feature file (data.path) has one N_tokens; "
             "set probe.enabled=false to measure it"

@@ -1,0 +1,328 @@
+"""Predict the per-rank peak memory of a probe step, and the largest N within a budget, without
+running a real step: each rank's build_batch + run_step (and backward in training) is traced on fake
+tensors (`FakeTensorMode`: shapes, no data) with its collectives on torch's fake process group, and
+a dispatch mode follows the bytes of live tensor storages (torch's `MemTracker` refuses modules called more
+than once per step, as the fold model's diffusion steps are). One process traces every rank it needs in turn.
+
+It runs before this process joins a real process group (in the launching process, or in a rank
+before its runtime starts) and destroys its fake group when done.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import weakref
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.testing._internal.distributed.fake_pg import FakeStore
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+from torch.utils.weak import WeakIdKeyDictionary
+
+from cpbench.core import RankContext, Shape, Topology
+from cpbench.probe.search import align_down, align_up
+from cpbench.runtime.mesh import build_mesh
+from cpbench.runtime.rank import pick_backend
+from cpbench.runtime.seed import seed_all
+from cpbench.settings.schema import BenchConfig, Workflow
+from cpbench.sweep import resolve_shape
+from cpbench.workloads.base import Contract, Workload
+
+GIB = 2**30
+MAX_TRACES = 12  # fake traces per prediction: the ramp, the fit's crossing and its check
+
+
+class CannotTrace(RuntimeError):
+    """The workload runs an op that fake tensors cannot run (no meta/fake implementation, a
+    data-dependent value such as `.item()`): `op` names it."""
+
+    def __init__(self, op: str, detail: str):
+        if "_local_scalar_dense" in op:
+            detail = "a tensor's value read in Python (.item(), int(t), a data-dependent branch)"
+        super().__init__(op if detail in ("", op) else f"{op}: {detail}")
+        self.op = op
+
+
+@dataclass(frozen=True)
+class Estimate:
+    n: int
+    peak_gib: float  # the largest traced rank's peak of live tensors (model, batch, step)
+
+
+@dataclass
+class Prediction:
+    """Traced peaks at a few N, and the largest N predicted to fit `budget_gib` (per rank, over what a
+    rank holds after start-up)."""
+
+    estimates: list[Estimate] = field(default_factory=list)
+    budget_gib: float | None = None
+    proposal: int | None = None
+    ranks: tuple[int, ...] = ()  # the ranks traced, one per distinct role on the grid
+
+    def as_json(self) -> dict:
+        return {
+            "budget_gib": self.budget_gib,
+            "proposal": self.proposal,
+            "ranks": list(self.ranks),
+            "estimates": [{"N_tokens": e.n, "peak_gib": e.peak_gib} for e in self.estimates],
+            "assumes": ASSUMPTIONS,
+        }
+
+    def at(self, n: int) -> float | None:
+        """The predicted peak at N: the traced one, else the quadratic through the nearest three."""
+        points = sorted({e.n: e.peak_gib for e in self.estimates}.items())
+        if not points:
+            return None
+        exact = dict(points)
+        if n in exact:
+            return exact[n]
+        near = sorted(points, key=lambda p: abs(p[0] - n))[:3]
+        xs, ys = (np.array(v, dtype=float) for v in zip(*near, strict=True))
+        return float(np.poly1d(np.polyfit(xs, ys, deg=len(near) - 1))(n))
+
+
+ASSUMPTIONS = (
+    "live tensor bytes (on gloo, with its all_gather / reduce_scatter staging buffers) only: "
+    "no allocator rounding (CPU; CUDA's caching allocator rounds blocks to 512 B), "
+    "no workspace (cuBLAS, NCCL buffers), no fragmentation margin, and nothing of the process itself "
+    "(interpreter, libraries: the CPU baseline); the optimizer's state is counted as AdamW's 2x the "
+    "parameters, its temporaries are not"
+)
+
+
+def traced_ranks(topology: Topology) -> tuple[int, ...]:
+    """Ranks whose shards differ in role: the first and last block (a diagonal one on a 2d grid)
+    and, beside the first, an off-diagonal one. With N tiling the grid evenly the rest repeat them."""
+    world = topology.cp
+    return tuple(sorted({0, min(1, world - 1), world - 1}))
+
+
+# gloo stages these collectives through a flat buffer as large as the argument named here (measured:
+# all_gather_into_tensor of 200 MB raises the resident peak by 200 MB; all_to_all and all_reduce do not).
+GLOO_STAGED = {"c10d._allgather_base_.default": 0, "c10d._reduce_scatter_base_.default": 1}
+
+
+class LiveBytes(TorchDispatchMode):
+    """The peak of live tensor storage bytes: each storage an op creates is counted once (views and
+    in-place results share it) until it is freed; with `gloo`, plus the staging buffer of a collective
+    while it runs."""
+
+    def __init__(self, held: int = 0, gloo: bool = False):
+        super().__init__()
+        self.gloo = gloo
+        self.live = self.peak = held
+        self._seen: WeakIdKeyDictionary = WeakIdKeyDictionary()
+        self.failed_op: str | None = None  # the op that could not run on fake tensors
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+        staged = GLOO_STAGED.get(str(func)) if self.gloo else None
+        if staged is not None:
+            self.peak = max(self.peak, self.live + args[staged].nbytes)
+        try:
+            out = func(*args, **(kwargs or {}))
+        except Exception:
+            self.failed_op = self.failed_op or str(func)
+            raise
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor):
+                storage = t.untyped_storage()
+                if storage not in self._seen:
+                    size = storage.nbytes()
+                    self._seen[storage] = weakref.ref(storage, functools.partial(self._free, size))
+                    self.live += size
+        self.peak = max(self.peak, self.live)
+        return out
+
+    def _free(self, size: int, _ref: object) -> None:
+        self.live -= size
+
+
+@contextmanager
+def _fake_rank(topology: Topology, rank: int, dtype: torch.dtype, seed: int) -> Iterator[RankContext]:
+    """Rank `rank` of a fake process group (collectives return at once), with the run's mesh."""
+    if dist.is_initialized():
+        raise RuntimeError("probe.predict: a process group is already running in this process")
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=topology.cp)
+    try:
+        mesh, coords, (row_peers, col_peers) = build_mesh(topology, "cpu")
+        yield RankContext(
+            rank=rank,
+            world_size=topology.cp,
+            device=torch.device("cpu"),
+            mesh=mesh,
+            topology=topology,
+            dtype=dtype,
+            seed=seed,
+            coords=coords,
+            row_peers=row_peers,
+            col_peers=col_peers,
+        )
+    finally:
+        dist.destroy_process_group()
+
+
+def _op_of(err: Exception) -> str:
+    func = getattr(err, "func", None)  # fake tensors' own exceptions name the op
+    return str(func) if func is not None else type(err).__name__
+
+
+def trace_peak(workload: Workload, topology: Topology, shape: Shape, train: bool, dtype: torch.dtype,
+               seed: int, rank: int, gloo: bool = False) -> float:  # fmt: skip
+    """One rank's peak bytes of a probe step (the model, the batch, the step's tensors). The model is
+    built for real (its weights are small beside the activations, and module moves do not take fake
+    parameters); the batch and the step are traced on fake tensors."""
+    with _fake_rank(topology, rank, dtype, seed) as ctx:
+        seed_all(seed)
+        model = workload.build_model(ctx)
+        params = [p for p in model.parameters() if p.requires_grad]
+        contract = Contract(getattr(workload, "contract", Contract.native))
+        # AdamW's exp_avg and exp_avg_sq, alive from the first training step on.
+        optim_bytes = 2 * sum(p.numel() * p.element_size() for p in params) if train and params else 0
+        weights = {id(t.untyped_storage()): t.untyped_storage().nbytes() for t in model.state_dict().values()}
+        tracker = LiveBytes(sum(weights.values()), gloo)
+        try:
+            with FakeTensorMode(allow_non_fake_inputs=True), tracker:
+                seed_all(seed)
+                batch = workload.build_batch(shape, ctx)
+                with torch.set_grad_enabled(train):
+                    out = workload.run_step(model, batch, train)
+                if train and contract is Contract.native and out is not None and out.requires_grad:
+                    out.backward()
+        except Exception as err:  # any op fake tensors cannot run: name it
+            op = tracker.failed_op or _op_of(err)
+            raise CannotTrace(op, (str(err).strip() or "?").splitlines()[0]) from err
+        finally:
+            for p in model.parameters():
+                p.grad = None
+        return tracker.peak + optim_bytes
+
+
+def estimate(workload: Workload, topology: Topology, shape: Shape, train: bool, dtype: torch.dtype,
+             seed: int, ranks: tuple[int, ...], gloo: bool = False) -> Estimate:  # fmt: skip
+    """The largest per-rank peak over the traced ranks at one shape."""
+    peak = max(trace_peak(workload, topology, shape, train, dtype, seed, r, gloo) for r in ranks)
+    return Estimate(shape.n_tokens, peak / GIB)
+
+
+def predict(
+    workload: Workload,
+    topology: Topology,
+    shape_at: Callable[[int], Shape],
+    train: bool,
+    dtype: torch.dtype,
+    seed: int,
+    budget_gib: float | None,
+    start: int,
+    factor: float,
+    max_tokens: int | None,
+    points: list[int] | None = None,
+    gloo: bool = False,
+) -> Prediction:
+    """Trace at `points` when given; otherwise ramp N from `start` by `factor` until the predicted
+    peak passes the budget, fit a quadratic of peak in N through the last three traces, and trace at
+    its crossing of the budget (rounded down to the grid), stepping down until the trace fits."""
+    m = topology.tiling.multiple
+    prediction = Prediction(budget_gib=budget_gib, ranks=traced_ranks(topology))
+
+    def trace(n: int) -> Estimate:
+        e = estimate(workload, topology, shape_at(n), train, dtype, seed, prediction.ranks, gloo)
+        prediction.estimates.append(e)
+        return e
+
+    if points is not None:
+        for n in points:
+            trace(n)
+        return prediction
+    if budget_gib is None:
+        raise ValueError("probe.predict needs a budget: memory.budget_gib (or on CPU memory.cpu_budget_gib)")
+    n = max(m, align_down(start, m))
+    cap = align_down(max_tokens, m) if max_tokens else None
+    while len(prediction.estimates) < MAX_TRACES:
+        e = trace(n)
+        if e.peak_gib > budget_gib:
+            break
+        nxt = max(align_up(n * factor, m), n + m)
+        if cap is not None and n >= cap:
+            prediction.proposal = n  # everything up to the cap fits
+            return prediction
+        n = min(nxt, cap) if cap is not None else nxt
+    fits = [e for e in prediction.estimates if e.peak_gib <= budget_gib]
+    if not fits:  # the start is over budget: halve until a trace fits
+        while n > m and len(prediction.estimates) < MAX_TRACES:
+            n = max(m, align_down(n / factor, m))
+            if trace(n).peak_gib <= budget_gib:
+                break
+        fits = [e for e in prediction.estimates if e.peak_gib <= budget_gib]
+        if not fits:
+            return prediction
+    lo = max(e.n for e in fits)
+    over = [e.n for e in prediction.estimates if e.peak_gib > budget_gib]
+    hi = min(over) if over else None
+    guess = _crossing(prediction, budget_gib, m, lo)
+    if guess is None or guess <= lo or (hi is not None and guess >= hi):
+        prediction.proposal = lo
+        return prediction
+    while len(prediction.estimates) < MAX_TRACES and guess > lo:
+        if trace(guess).peak_gib <= budget_gib:
+            prediction.proposal = guess
+            return prediction
+        guess -= m * max(1, math.ceil(0.01 * guess / m))  # 1% steps down
+    prediction.proposal = lo
+    return prediction
+
+
+def _crossing(prediction: Prediction, budget_gib: float, m: int, lo: int) -> int | None:
+    """Where the quadratic through the three largest traces first crosses the budget above the
+    largest trace that fits (`lo`), rounded down to m."""
+    points = sorted({e.n: e.peak_gib for e in prediction.estimates}.items())[-3:]
+    if len(points) < 2:
+        return None
+    xs, ys = (np.array(v, dtype=float) for v in zip(*points, strict=True))
+    model = np.poly1d(np.polyfit(xs, ys, deg=len(points) - 1)) - budget_gib
+    roots = [r.real for r in model.roots if abs(r.imag) < 1e-9 and r.real > lo]
+    return align_down(min(roots), m) if roots else None
+
+
+def budget_of(settings: BenchConfig) -> float | None:
+    """The per-rank budget the estimate is held against: memory.budget_gib, else (a CPU run) the CPU cap."""
+    memory = settings.memory
+    if memory.budget_gib is not None:
+        return memory.budget_gib
+    return None if torch.cuda.is_available() else memory.cpu_budget_gib
+
+
+def for_run(settings: BenchConfig, workload: Workload, topology: Topology) -> Prediction:
+    """The run's prediction; CannotTrace names the op when the workload cannot run on fake tensors."""
+    p = settings.probe
+    return predict(
+        workload,
+        topology,
+        lambda n: resolve_shape(settings.shape, n_tokens=n),
+        settings.workflow is Workflow.training,
+        getattr(torch, settings.dtype.value),
+        settings.seed,
+        budget_of(settings),
+        p.start,
+        p.factor,
+        p.max_tokens,
+        gloo=pick_backend(settings.dist.backend) == "gloo",
+    )
+
+
+def summary(prediction: Prediction) -> list[str]:
+    """What `python -m cpbench.predict` prints: the peak at each traced N, the proposal, the assumptions."""
+    lines = [f"{'N_tokens':>9}  predicted peak GiB/rank (over the start-up baseline)"]
+    lines += [f"{e.n:>9}  {e.peak_gib:.4f}" for e in sorted(prediction.estimates, key=lambda e: e.n)]
+    ranks = ", ".join(str(r) for r in prediction.ranks)
+    lines.append(f"traced ranks: {ranks}; budget {prediction.budget_gib:g} GiB per rank")
+    lines.append(f"predicted max N_tokens: {prediction.proposal if prediction.proposal else 'none fits'}")
+    if not torch.cuda.is_available():  # the target device is not here: say what the estimate leaves out
+        lines.append(f"assumes: {ASSUMPTIONS}")
+    return lines

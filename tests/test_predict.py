@@ -1,0 +1,157 @@
+"""probe.predict: the fake-tensor estimate of each rank's peak, the search it leads, its fallback, and
+its columns in a real run."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+import torch
+from conftest import FAST, TIMING, cpbench, ok, results
+from hydra import compose, initialize_config_module
+from hydra.utils import instantiate
+
+from cpbench.core import ConfigError, Shape, Topology
+from cpbench.probe import predict
+from cpbench.probe.search import SearchConfig, Trial, bounds, next_trial
+from cpbench.settings.schema import BenchConfig, register
+from cpbench.settings.validate import validate
+from cpbench.sweep import resolve_shape
+
+TOPOLOGIES = [("1d", 1), ("1d", 2), ("2d", 4)]
+
+
+def _workload(name: str):
+    register()
+    with initialize_config_module("cpbench.configs", version_base=None):
+        cfg = compose("config", [f"workload={name}"])
+    return instantiate(cfg.workload), cfg.shape
+
+
+def _estimate(workload, shape_cfg, kind: str, cp: int, n: int, train: bool = False) -> float:
+    """Rank 0's estimate alone (a cheap test; a prediction traces every role of the grid)."""
+    topology = Topology.from_config(kind, cp, None)
+    shape = resolve_shape(shape_cfg, n_tokens=n)
+    return predict.estimate(workload, topology, shape, train, torch.float32, 0, (0,)).peak_gib
+
+
+@pytest.mark.parametrize("name", ["axial_mix", "pairformer_small", "fold_small"])
+def test_the_estimate_runs_for_each_builtin_workload_and_topology(name):
+    workload, shape = _workload(name)
+    peaks = {(kind, cp): _estimate(workload, shape, kind, cp, 32) for kind, cp in TOPOLOGIES}
+    assert all(p > 0 for p in peaks.values())
+    # Sharding the pair tensor shrinks each rank's share.
+    assert peaks[("2d", 4)] < peaks[("1d", 1)]
+    assert peaks[("1d", 2)] < peaks[("1d", 1)]
+
+
+def test_training_is_traced_with_its_backward():
+    workload, shape = _workload("axial_mix")
+    assert _estimate(workload, shape, "1d", 2, 64, train=True) > _estimate(workload, shape, "1d", 2, 64)
+
+
+def test_the_proposal_is_the_largest_traced_n_within_the_budget():
+    workload, shape = _workload("axial_mix")
+    topology = Topology.from_config("2d", 4, None)
+    p = predict.predict(workload, topology, lambda n: resolve_shape(shape, n_tokens=n), False,
+                        torch.float32, 0, 0.01, 32, 2.0, None)  # fmt: skip
+    assert p.proposal and p.proposal % topology.tiling.multiple == 0
+    assert p.at(p.proposal) <= 0.01 < max(e.peak_gib for e in p.estimates)
+    assert p.ranks == (0, 1, 3)
+
+
+@torch.library.custom_op("cpbench_test::opaque", mutates_args=())
+def _opaque(x: torch.Tensor) -> torch.Tensor:
+    return x.clone()  # a custom kernel with no fake implementation
+
+
+class _CustomKernel:
+    name = "custom_kernel"
+
+    def build_model(self, ctx):
+        return torch.nn.Linear(4, 4)
+
+    def build_batch(self, shape: Shape, ctx):
+        return torch.ones(shape.n_tokens, 4)
+
+    def run_step(self, model, batch, train):
+        return _opaque(model(batch))
+
+
+def test_an_op_without_a_fake_implementation_falls_back_naming_it(capsys):
+    from cpbench.__main__ import _predict
+
+    settings = BenchConfig(workload=None, output_dir="unused")
+    settings.memory.budget_gib, settings.probe.enabled, settings.probe.predict = 1.0, True, True
+    assert _predict(settings, _CustomKernel(), Topology.from_config("1d", 2, None), None) is None
+    line = capsys.readouterr().err.strip()
+    assert "cpbench_test.opaque" in line and line.endswith("the plain probe runs") and "\n" not in line
+
+
+def test_settings_are_checked():
+    settings = BenchConfig(workload=None, output_dir="unused")
+    settings.probe.predict = True
+    with pytest.raises(ConfigError, match="probe.predict=true"):
+        validate(settings)
+    settings.probe.enabled = True
+    settings.memory.cpu_budget_gib = None
+    with pytest.raises(ConfigError, match="needs a per-rank budget"):
+        validate(settings)
+
+
+def _confirm_run(edge: int, predicted: int) -> list[Trial]:
+    cfg = SearchConfig(start=64, granularity=32, multiple=2, budget_gib=1.0, predicted=predicted)
+    trials: list[Trial] = []
+    while (p := next_trial(cfg, trials)) is not None:
+        trials.append(Trial(n=p.n, fits=p.n <= edge, status="ok" if p.n <= edge else "oom", guided=p.guided))
+    return trials
+
+
+@pytest.mark.parametrize(("edge", "predicted", "steps"), [(500, 490, 2), (500, 510, 2), (500, 300, None)])
+def test_a_predicted_search_confirms_in_two_steps_when_the_prediction_holds(edge, predicted, steps):
+    trials = _confirm_run(edge, predicted)
+    best, fail = bounds(trials)
+    assert best.n <= edge < fail.n and fail.n - best.n <= 32
+    assert trials[0].n == predicted and trials[0].guided
+    if steps is not None:
+        assert len(trials) == steps
+    else:  # far off: it gallops up, then bisects, and still ends within the granularity
+        assert len(trials) <= 8
+
+
+@pytest.fixture(scope="module")
+def guided_run(tmp_path_factory):
+    """cp=1: the rank runs in the process that made the prediction, after its fake group is gone."""
+    out = tmp_path_factory.mktemp("predict")
+    args = ["topology.cp=1", "sweep.n_tokens=[64]", "probe.enabled=true", "probe.predict=true",
+            "probe.start=64", "probe.granularity=64", "probe.measure_at_max=false", "memory.budget_gib=0.1",
+            *TIMING]  # fmt: skip
+    proc = ok(cpbench(*args, f"output_dir={out}", cwd=out, timeout=300))
+    return out, proc
+
+
+def test_a_predicted_probe_records_predicted_beside_measured(guided_run):
+    out, proc = guided_run
+    prediction = json.loads((out / "prediction.json").read_text())
+    trials = pd.read_csv(out / "probe.csv")
+    steps = trials[~trials["point"]]  # the walltime point at N=64 is a trial the probe did not step
+    assert steps["N_tokens"].iloc[0] == prediction["proposal"] and steps["guided"].iloc[0]
+    assert steps["predicted_peak_gib"].notna().all() and trials["max_peak_gib"].notna().all()
+    rows = results(out)
+    assert rows["predicted_peak_gib"].notna().all()
+    assert "fake-tensor estimate" in (out / "cp_benchmark.md").read_text()
+    assert "probe.predict: max N_tokens" in proc.stderr
+
+
+def test_predict_only_prints_the_estimate_and_runs_no_step(tmp_path):
+    args = [
+        "topology.kind=2d",
+        "topology.cp=4",
+        "memory.budget_gib=0.02",
+        "probe.start=128",
+        "probe.predict_only=true",
+    ]
+    proc = ok(cpbench(*args, *FAST, f"output_dir={tmp_path}", cwd=tmp_path, timeout=120))
+    assert "predicted max N_tokens:" in proc.stdout and "assumes:" in proc.stdout
+    assert not (tmp_path / "results.csv").exists()
