@@ -29,7 +29,7 @@ from cpbench.launch.outcome import close_failed
 from cpbench.probe.state import ProbeState
 from cpbench.results.folder import FolderLocked, RunFolder
 from cpbench.runtime.rank import pick_backend
-from cpbench.settings.schema import BenchConfig, register
+from cpbench.settings.schema import BenchConfig, Workflow, register
 from cpbench.settings.validate import to_settings, validate
 from cpbench.workloads.adapter import WorkloadError
 from cpbench.workloads.base import Workload
@@ -111,6 +111,8 @@ def run(cfg: DictConfig, in_sweep: bool = False) -> int:
             _job_tasks_as_ranks(topology.cp)
             _check_environment(settings, topology.cp)
         workload = _build_workload(settings)
+        if settings.workflow is Workflow.convergence and getattr(workload, "contract", "native") != "native":
+            raise ConfigError("workflow=convergence: needs a workload of the native contract (cpbench steps)")
         check_topology = getattr(workload, "check_topology", None)
         if callable(check_topology):
             check_topology(topology)

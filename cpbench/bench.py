@@ -20,6 +20,7 @@ from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
 from cpbench.core import RankContext, Shape, Topology
 from cpbench.inputs import load_features
 from cpbench.measure.budget import apply_budget
+from cpbench.measure.convergence import ConvergenceSettings, compare, run_convergence
 from cpbench.measure.fault import Fault
 from cpbench.measure.memory import release
 from cpbench.measure.point import Budget, OutOfMemoryAlone, PointResult, PointSettings, measure_point
@@ -27,7 +28,7 @@ from cpbench.measure.step import StepRunner
 from cpbench.probe.runner import max_fit_row, run_probe, search_config
 from cpbench.probe.search import Trial
 from cpbench.probe.state import ProbeState
-from cpbench.report import metadata
+from cpbench.report import metadata, plots, reference
 from cpbench.report.markdown import write_report
 from cpbench.results.folder import RunFolder
 from cpbench.results.row import ResultRow
@@ -104,7 +105,7 @@ class Bench:
     ):
         self.settings, self.ctx, self.control, self.folder = settings, ctx, control, folder
         self.lead = ctx.rank == 0
-        self.train = settings.workflow is Workflow.training
+        self.train = settings.workflow in (Workflow.training, Workflow.convergence)
         self.config_hash = hashed_config(settings)
         self.workload = workload
         self.workload_name = getattr(workload, "name", type(workload).__name__)
@@ -114,7 +115,7 @@ class Bench:
             warmup=settings.timing.warmup,
             repeats=settings.timing.repeats,
             budget=_apply_budget(settings, ctx),
-            fault=Fault(f.rank, f.at_n, f.where, f.kind),
+            fault=Fault(f.rank, f.at_n, f.where, f.kind, f.at_step),
             agree_wait_s=settings.dist.agree_timeout_s,
             seed=settings.seed,
             counts_comm=getattr(workload, "counts_comm", False),
@@ -151,6 +152,9 @@ class Bench:
                     meta["oversubscribed"].removeprefix("yes (").removesuffix(")"),
                 )
         self.runner = self._build_runner()
+        if settings.workflow is Workflow.convergence:
+            self.converge()
+            return
         self.done = _broadcast(self.folder.done_keys(self.config_hash) if self.lead else None, self.control)
         if settings.data.path:
             points = [load_features(settings.data.path).shape]
@@ -185,6 +189,39 @@ class Bench:
             # When it ended, so that a merge can tell runs that overlapped on one host.
             self.folder.write_metadata({**self.folder.read_metadata(), "finished": metadata.now()})
             LOG.info("report: %s", write_report(self.folder.root))
+
+    def converge(self) -> None:
+        """workflow=convergence: the curve at shape.*, then (rank 0) its comparison with the reference."""
+        settings, shape = self.settings, resolve_shape(self.settings.shape)
+        LOG.info(
+            "%s convergence on %s cp=%d: %d step(s) at N=%d -> %s", self.workload_name,
+            self.ctx.topology.label, self.ctx.topology.cp, settings.convergence.steps, shape.n_tokens,
+            self.folder.root,
+        )  # fmt: skip
+        every = settings.checkpoint.every
+        how = ConvergenceSettings(settings.convergence.steps, every, settings.seed, self.point_settings.fault)
+        say = self.heartbeat.step
+        curve = run_convergence(self.runner, shape, self.ctx, self.control, self.folder, how, say)
+        if not self.lead:
+            return
+        meta = self.folder.read_metadata()
+        found = reference.lookup(settings, self.folder)
+        summary: dict[str, Any] = {"curve_key": reference.curve_key(settings), "steps": len(curve)}
+        curves = {f"{self.ctx.topology.label} cp={self.ctx.topology.cp}": curve}
+        if found is not None:
+            path, ref = found
+            c = settings.convergence
+            comparison = compare(curve, ref, c.rtol, c.atol)
+            summary.update(reference=str(path), **comparison.as_dict())
+            curves[f"reference ({path.name})"] = ref
+            say = LOG.info if comparison.match else LOG.warning
+            say("convergence vs %s: %s", path, comparison.line())
+        else:
+            LOG.info("convergence: no reference curve for this configuration (key %s)", summary["curve_key"])
+        plots.convergence_png(curves, self.folder.convergence_plot)
+        last = curve.iloc[-1]
+        LOG.info("convergence: step %d loss %.9g grad norm %.9g", last.step, last.loss, last.grad_norm)
+        self.folder.write_metadata({**meta, "convergence": summary, "finished": metadata.now()})
 
     def _build_runner(self) -> StepRunner:
         """The model (its weights from the seed) and the step around it."""

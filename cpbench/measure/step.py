@@ -61,6 +61,10 @@ class StepRunner:
             torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay) if native_train and params else None
         )
         self.grad_group = dist.group.WORLD if ctx.world_size > 1 else None
+        # The norm of the whole gradient after its sum over ranks, kept for a convergence curve when
+        # asked (off in timed steps: it costs a pass over the gradients).
+        self.track_grad_norm = False
+        self.grad_norm: float | None = None
 
     @property
     def fresh_batch_per_step(self) -> bool:
@@ -85,6 +89,8 @@ class StepRunner:
         backward_end = time.perf_counter()
         if self.optimizer is not None:
             self._sum_gradients()
+            if self.track_grad_norm:
+                self.grad_norm = self._grad_norm()
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
         synchronize(self.device)
@@ -100,6 +106,17 @@ class StepRunner:
         if self.train:
             return out, Phases(forward=math.nan, backward=math.nan, optimizer=math.nan, total=seconds)
         return out, Phases(forward=seconds)
+
+    @torch.no_grad()
+    def _grad_norm(self) -> float:
+        """The 2-norm of every parameter's gradient, in float64; a DTensor's is its whole tensor's."""
+        total = 0.0
+        for p in self.model.parameters():
+            if p.grad is None:
+                continue
+            grad = p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad
+            total += grad.double().pow(2).sum().item()
+        return math.sqrt(total)
 
     @torch.no_grad()
     def _sum_gradients(self) -> None:

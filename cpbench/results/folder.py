@@ -37,10 +37,14 @@ class RunFolder:
     FAILURE = "failure.json"  # how a run that did not finish ended
     REPORT = "cp_benchmark.md"
     LOGS = "logs"
+    CONVERGENCE = "convergence.csv"  # workflow=convergence: loss and gradient norm per step
+    CONVERGENCE_PLOT = "convergence.png"
+    CHECKPOINTS = "checkpoints"  # one torch.distributed.checkpoint folder per saved step
+    MLLOG = "mllog.txt"  # the run in MLPerf's logging format
     SLURM = "slurm"  # submitit's pickles and every task's logs, one folder per job
     LOCK = ".cpbench.lock"  # held by the process that runs the folder's run; names it
     # Files only a run folder holds; a sweep folder holds run folders (its own results.csv is a merge).
-    MARKERS = (RESULTS, RUN, FAILURE, STATE)
+    MARKERS = (RESULTS, RUN, FAILURE, STATE, CONVERGENCE)
 
     def __init__(self, root: Path | str):
         self.root = Path(root)
@@ -84,6 +88,26 @@ class RunFolder:
     @property
     def logs(self) -> Path:
         return self.root / self.LOGS
+
+    @property
+    def convergence(self) -> Path:
+        return self.root / self.CONVERGENCE
+
+    @property
+    def convergence_plot(self) -> Path:
+        return self.root / self.CONVERGENCE_PLOT
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.root / self.CHECKPOINTS
+
+    def checkpoint(self, step: int) -> Path:
+        """The checkpoint taken after `step` steps."""
+        return self.checkpoints / f"step_{step:06d}"
+
+    @property
+    def mllog(self) -> Path:
+        return self.root / self.MLLOG
 
     def rank_log(self, rank: int) -> Path:
         return self.logs / f"rank{rank}.log"
@@ -191,6 +215,13 @@ class RunFolder:
             return set()
         mine = frame[frame["config_hash"] == config_hash]
         return {point_key(r.kind, r.N_tokens, r.N_atoms, r.MSA_depth) for r in mine.itertuples()}
+
+    def read_convergence(self) -> pd.DataFrame:
+        """The convergence curve so far; empty when there is none."""
+        return pd.read_csv(self.convergence) if self.convergence.exists() else pd.DataFrame()
+
+    def write_convergence(self, frame: pd.DataFrame) -> None:
+        write_atomically(self.convergence, frame.to_csv(index=False))
 
     def read_metadata(self) -> dict[str, Any]:
         return self.read_json(self.run_json) or {}

@@ -15,6 +15,8 @@ from cpbench.settings.slurm import SlurmConfig
 class Workflow(Enum):
     inference = "inference"
     training = "training"
+    # K training steps on a fresh batch each, loss and gradient norm per step (docs/convergence.md).
+    convergence = "convergence"
 
 
 class DType(Enum):
@@ -71,6 +73,26 @@ class TimingConfig:
 
 
 @dataclass
+class ConvergenceConfig:
+    """workflow=convergence: `steps` training steps at `shape.*`, a new batch per step from (seed, step)."""
+
+    steps: int = 100
+    # Curves equal within these (float64 compare of fp32 runs): reductions run in another order at cp>1.
+    rtol: float = 1e-4
+    atol: float = 1e-6
+    # A convergence.csv to compare against; null: the reference curve of this configuration under
+    # docs/reference/, when there is one.
+    reference: str | None = None
+
+
+@dataclass
+class CheckpointConfig:
+    # Save model, optimizer, step and RNG state every this many convergence steps (0: never); a run
+    # that finds a checkpoint in output_dir resumes from the last one.
+    every: int = 0
+
+
+@dataclass
 class MeasureConfig:
     # comm_ms from the torch profiler's communication events (any model's collectives, at the
     # profiler's overhead) instead of cpbench's ledger, which sees only cpbench.distributed.comm.
@@ -109,6 +131,9 @@ class FaultConfig:
     # oom: a real failing allocation; kill: SIGKILL; overrun (CPU): 1 GiB resident outside the cap,
     # a peak over the budget that no failing allocation reports
     kind: str = "oom"
+    # workflow=convergence: strike before this step (at_n is not used) in a run that did not resume
+    # from a checkpoint, so a resumed run goes past it.
+    at_step: int | None = None
 
 
 @dataclass
@@ -142,6 +167,8 @@ class BenchConfig:
     fault: FaultConfig = field(default_factory=FaultConfig)
     slurm: SlurmConfig = field(default_factory=SlurmConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
+    convergence: ConvergenceConfig = field(default_factory=ConvergenceConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     log: LogConfig = field(default_factory=LogConfig)
     seed: int = 0
     output_dir: str = MISSING
