@@ -30,6 +30,7 @@ from cpbench.probe.search import Trial
 from cpbench.probe.state import ProbeState
 from cpbench.report import metadata, plots, reference
 from cpbench.report.markdown import write_report
+from cpbench.report.mllog import MAX_FIT, POINT, TRAIN_LOSS, RunLog, constants
 from cpbench.results.folder import RunFolder
 from cpbench.results.row import ResultRow
 from cpbench.runtime import logs
@@ -124,13 +125,15 @@ class Bench:
         )
         self.runner: StepRunner | None = None
         self.done: set[str] = set()
+        self.mllog = RunLog(folder.mllog if self.lead else None)
 
     def run(self) -> None:
-        with self.heartbeat:
+        with self.heartbeat, self.mllog:
             self._run()
 
     def _run(self) -> None:
         settings, ctx = self.settings, self.ctx
+        self.mllog.start(constants.INIT_START)
         if self.lead:
             if again := self.folder.in_flight.resume(settings.launch.max_restarts):
                 LOG.warning("N=%s was in flight when the last run stopped: measured again", again["N_tokens"])
@@ -146,12 +149,16 @@ class Bench:
             meta.update(seed=settings.seed, budget_gib=budget and budget.gib)
             meta.update(baseline_gib=budget and budget.baseline_gib)
             self.folder.write_metadata(meta)
+            workflow = settings.workflow.value
+            self.mllog.submission(meta, self.workload_name, workflow, ctx.topology.cp, settings.seed)
             if meta["ranks_per_device"] > 1:
                 LOG.warning(
                     "oversubscribed: %s; walltimes and the comm share are not meaningful",
                     meta["oversubscribed"].removeprefix("yes (").removesuffix(")"),
                 )
         self.runner = self._build_runner()
+        self.mllog.end(constants.INIT_STOP)
+        self.mllog.start(constants.RUN_START)
         if settings.workflow is Workflow.convergence:
             self.converge()
             return
@@ -201,7 +208,9 @@ class Bench:
         every = settings.checkpoint.every
         how = ConvergenceSettings(settings.convergence.steps, every, settings.seed, self.point_settings.fault)
         say = self.heartbeat.step
-        curve = run_convergence(self.runner, shape, self.ctx, self.control, self.folder, how, say)
+        curve = run_convergence(
+            self.runner, shape, self.ctx, self.control, self.folder, how, say, self._logged
+        )
         if not self.lead:
             return
         meta = self.folder.read_metadata()
@@ -222,6 +231,11 @@ class Bench:
         last = curve.iloc[-1]
         LOG.info("convergence: step %d loss %.9g grad norm %.9g", last.step, last.loss, last.grad_norm)
         self.folder.write_metadata({**meta, "convergence": summary, "finished": metadata.now()})
+
+    def _logged(self, row: dict[str, Any]) -> None:
+        """A convergence step into mllog.txt."""
+        extra = {"step_num": row["step"], "grad_norm": row["grad_norm"], "step_ms": row["step_ms"]}
+        self.mllog.event(TRAIN_LOSS, row["loss"], metadata=extra)
 
     def _build_runner(self) -> StepRunner:
         """The model (its weights from the seed) and the step around it."""
@@ -282,7 +296,9 @@ class Bench:
                 state.finish(trial)
         row = self.row(shape, "max-fit")
         if self.lead and row.key not in self.done:
-            self.folder.in_flight.finish(dataclasses.replace(row, **max_fit_row(best, fail)).as_dict())
+            answer = dataclasses.replace(row, **max_fit_row(best, fail)).as_dict()
+            self.folder.in_flight.finish(answer)
+            self.mllog.event(MAX_FIT, answer["N_tokens"], metadata=answer)
 
     def _probe_shape(self, n_tokens: int) -> Shape:
         return resolve_shape(self.settings.shape, n_tokens=n_tokens)
@@ -300,6 +316,7 @@ class Bench:
             tokens_per_s = shape.n_tokens / (result.walltime_ms / 1e3) if result.walltime_ms else None
             measured = dataclasses.replace(row, **result.as_row(), tokens_per_s=tokens_per_s)
             self.folder.in_flight.finish(measured.as_dict())
+            self.mllog.event(POINT, measured.walltime_ms, metadata=measured.as_dict())
             LOG.info(
                 "N=%d atoms=%d S=%d: %s", shape.n_tokens, shape.n_atoms, shape.msa_depth, _summary(result)
             )

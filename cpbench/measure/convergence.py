@@ -47,8 +47,10 @@ def run_convergence(
     folder: RunFolder,
     settings: ConvergenceSettings,
     progress: Callable[[str], None],
+    record: Callable[[dict], None],
 ) -> pd.DataFrame | None:
-    """Every rank runs it; rank 0 writes convergence.csv after every step and returns the curve.
+    """Every rank runs it; rank 0 writes convergence.csv after every step (and tells `record` of the
+    row), and returns the curve.
     Step time is the slowest rank's step alone: building the batch and checkpoints are not in it."""
     if runner.optimizer is None:
         raise RuntimeError("workflow=convergence needs the native contract and trainable parameters")
@@ -85,6 +87,7 @@ def run_convergence(
             row.update(checkpoint_s=saved.seconds, checkpoint_bytes=saved.bytes)
         if lead:
             rows.append(row)
+            record(row)
             folder.write_convergence(pd.DataFrame(rows, columns=COLUMNS))
     return pd.DataFrame(rows, columns=COLUMNS) if lead else None
 
