@@ -5,7 +5,6 @@ written, after every rank's files: a run killed mid-save resumes from the one be
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from dataclasses import dataclass
@@ -15,6 +14,8 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+from cpbench.results.folder import RunFolder
 
 DONE = "done.json"
 
@@ -53,7 +54,7 @@ def save(
     size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
     saved = Saved(step, seconds.item(), size)
     if rank == 0:
-        (path / DONE).write_text(json.dumps({"step": step, "seconds": saved.seconds, "bytes": size}) + "\n")
+        RunFolder.write_json(path / DONE, {"step": step, "seconds": saved.seconds, "bytes": size})
     dist.barrier(group=group)
     return saved
 
