@@ -90,7 +90,7 @@ def hashed_config(settings: BenchConfig) -> str:
     """The settings that decide each point's numbers: not which points (a point's row names its own
     shape), nor where they are written or how loudly. Rows of an equal hash are resumable."""
     container = OmegaConf.to_container(OmegaConf.structured(settings), resolve=True, enum_to_str=True)
-    for key in ("output_dir", "log", "sweep", "probe", "shape", "slurm", "launch"):
+    for key in ("output_dir", "log", "sweep", "probe", "shape", "slurm", "launch", "checkpoint"):
         container.pop(key, None)
     return metadata.config_hash(OmegaConf.to_yaml(OmegaConf.create(container)))
 

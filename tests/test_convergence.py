@@ -5,15 +5,20 @@ identical curve, and mllog.txt parses with mlperf-logging's own reader."""
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pandas as pd
 import pytest
 from conftest import cpbench, ok
+from hydra import compose, initialize_config_module
 from mlperf_logging.compliance_checker import mlp_parser
 
+from cpbench.core import ConfigError
 from cpbench.measure.convergence import Comparison, batch_seed, compare
 from cpbench.report.reference import REFERENCE_DIR
+from cpbench.settings.schema import register
+from cpbench.settings.validate import to_settings, validate
 
 STEPS = 20
 CONV = ["workflow=convergence", "shape.n_tokens=16", f"convergence.steps={STEPS}", "log.progress=false"]
@@ -107,3 +112,20 @@ def test_compare_names_the_first_step_outside_the_tolerance():
 def test_each_step_draws_its_own_batch_seed():
     seeds = {batch_seed(seed, step) for seed in range(3) for step in range(100)}
     assert len(seeds) == 300
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["convergence.steps=0"], "convergence.steps=0: must be > 0"),
+        (["checkpoint.every=-1"], "checkpoint.every=-1: must be >= 0 (0: no checkpoints)"),
+        (["topology.cp=2", "shape.n_tokens=15"], "shape.n_tokens=15: does not tile the 2x1 grid"),
+        (["data.path=x.npz"], "data.path=x.npz: workflow=convergence draws a batch per step"),
+    ],
+)
+def test_bad_convergence_settings_are_named(overrides, message):
+    register()
+    with initialize_config_module("cpbench.configs", version_base="1.3"):
+        cfg = compose("config", overrides=["workload=axial_mix", "workflow=convergence", *overrides])
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        validate(to_settings(cfg))

@@ -91,7 +91,12 @@ def _check_convergence(settings: BenchConfig, topology: Topology) -> None:
             raise ConfigError(f"convergence.{key}={getattr(c, key)}: must be >= 0")
     if settings.checkpoint.every < 0:
         raise ConfigError(f"checkpoint.every={settings.checkpoint.every}: must be >= 0 (0: no checkpoints)")
-    if settings.workflow is Workflow.convergence and not topology.accepts(settings.shape.n_tokens):
+    if settings.workflow is not Workflow.convergence:
+        return
+    if settings.data.path is not None:
+        path = settings.data.path
+        raise ConfigError(f"data.path={path}: workflow=convergence draws a batch per step; unset it")
+    if not topology.accepts(settings.shape.n_tokens):
         raise ConfigError(
             f"shape.n_tokens={settings.shape.n_tokens}: does not tile the {topology.grid_label} grid of "
             f"topology.kind={topology.kind} (workflow=convergence runs at shape.*)"
