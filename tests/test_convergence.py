@@ -16,6 +16,7 @@ from mlperf_logging.compliance_checker import mlp_parser
 
 from cpbench.core import ConfigError
 from cpbench.measure.convergence import Comparison, batch_seed, compare
+from cpbench.report import merge
 from cpbench.report.reference import REFERENCE_DIR
 from cpbench.settings.schema import register
 from cpbench.settings.validate import to_settings, validate
@@ -129,3 +130,13 @@ def test_bad_convergence_settings_are_named(overrides, message):
         cfg = compose("config", overrides=["workload=axial_mix", "workflow=convergence", *overrides])
     with pytest.raises(ConfigError, match=re.escape(message)):
         validate(to_settings(cfg))
+
+
+def test_a_merge_puts_the_curves_side_by_side(uninterrupted, grid, tmp_path):
+    merge.merge([uninterrupted, grid], tmp_path / "merged")
+    curves = pd.read_csv(tmp_path / "merged" / "convergence.csv")
+    assert list(curves["run"].unique()) == [uninterrupted.name, grid.name]
+    assert curves.groupby("run")["cp"].first().to_dict() == {uninterrupted.name: 2, grid.name: 4}
+    report = (tmp_path / "merged" / "cp_benchmark.md").read_text()
+    assert f"{grid.name}: equal over {STEPS} step(s)" in report and "no results" not in report
+    assert (tmp_path / "merged" / "convergence.png").exists()
