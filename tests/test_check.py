@@ -1,5 +1,6 @@
 """`python -m cpbench.check` on real run folders: a fresh run passes every rule; too few repeats and a
-configuration mixed into a folder each fail, naming their rule; repeated points must agree."""
+configuration mixed into a folder fail, naming their rules; a stray file fails; repeated points must
+agree. One process runs the check through `python -m`; the others call its main() in-process."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ import pandas as pd
 import pytest
 from conftest import FAST, cpbench, ok
 
-from cpbench.check import Results, Run, rule_same_answer
+from cpbench.check import Results, Run, rule_repeats, rule_same_answer
+from cpbench.check.__main__ import main
 
 RUN = [*FAST, "topology.cp=1", "timing.repeats=3", "sweep.n_tokens=[16,32]"]
 
@@ -41,28 +43,41 @@ def test_a_fresh_run_passes_every_rule(fresh):
     assert lines[6] == "PASS  no stray files: 1 folder(s)"
 
 
-def test_too_few_repeats_fail_naming_the_rule(tmp_path):
-    out = tmp_path / "few"
-    ok(cpbench(*RUN, "timing.repeats=1", f"output_dir={out}", cwd=tmp_path, timeout=300))
-    proc = check(out)
-    assert proc.returncode == 1
-    assert (
-        "FAIL  warm-up >= 1 and repeats >= 3: 2 point(s) below: few N=16 (warm-up 1, repeats 1)"
-        in proc.stdout
-    )
-    assert "PASS  like-for-like" in proc.stdout and proc.stdout.endswith("1 rule(s) fail\n")
-
-
-def test_a_configuration_mixed_into_a_folder_fails_naming_the_rule(fresh, tmp_path):
-    out = tmp_path / "mixed"
+@pytest.fixture(scope="module")
+def mixed(fresh, tmp_path_factory):
+    """The fresh run's folder with a second run of another dtype and too few repeats written into it."""
+    out = tmp_path_factory.mktemp("mixed") / "mixed"
     shutil.copytree(fresh, out)
-    ok(cpbench(*RUN, "dtype=bfloat16", "sweep.n_tokens=[16]", f"output_dir={out}", cwd=tmp_path, timeout=300))
-    proc = check(out)
-    assert proc.returncode == 1
+    args = ["dtype=bfloat16", "timing.repeats=1", "sweep.n_tokens=[16]", f"output_dir={out}"]
+    ok(cpbench(*RUN, *args, cwd=out.parent, timeout=300))
+    return out
+
+
+def test_too_few_repeats_and_a_mixed_configuration_fail_naming_their_rules(mixed, capsys):
+    assert main([str(mixed)]) == 1
+    out = capsys.readouterr().out
+    assert "FAIL  warm-up >= 1 and repeats >= 3: 1 point(s) below: mixed N=16 (warm-up 1, repeats 1)" in out
     assert "FAIL  like-for-like (one workload, workflow, dtype and config per run): mixed mixes dtype " \
-           "bfloat16, float32; mixed mixes config_hash" in proc.stdout  # fmt: skip
+           "bfloat16, float32; mixed mixes config_hash" in out  # fmt: skip
+    assert out.endswith("2 rule(s) fail\n")
+
+
+def test_a_stray_file_fails(fresh, tmp_path, capsys):
+    out = tmp_path / "run"
+    shutil.copytree(fresh, out)
     (out / "notes.txt").write_text("a file no run writes")
-    assert f"FAIL  no stray files: 1 unknown: {out / 'notes.txt'}" in check(out).stdout
+    assert main([str(out)]) == 1
+    assert f"FAIL  no stray files: 1 unknown: {out / 'notes.txt'}" in capsys.readouterr().out
+
+
+def test_the_repeats_rule_alone_sees_repeats():
+    def run(repeats: int) -> Run:
+        row = {"kind": "point", "status": "ok", "N_tokens": 16, "warmup": 1, "repeats": repeats}
+        return Run("r", pd.DataFrame([row]), {}, None)
+
+    assert rule_repeats(Results([run(3)])).status == "pass"
+    assert rule_repeats(Results([run(2)])).status == "fail"
+    assert rule_repeats(Results([])).status == "n/a"
 
 
 def _run(name: str, checksum: float) -> Run:
