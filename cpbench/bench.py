@@ -206,7 +206,10 @@ class Bench:
             self.folder.root,
         )  # fmt: skip
         every = settings.checkpoint.every
-        how = ConvergenceSettings(settings.convergence.steps, every, settings.seed, self.point_settings.fault)
+        key = reference.curve_key(settings)
+        how = ConvergenceSettings(
+            settings.convergence.steps, every, settings.seed, self.point_settings.fault, key
+        )
         say = self.heartbeat.step
         curve = run_convergence(
             self.runner, shape, self.ctx, self.control, self.folder, how, say, self._logged
@@ -215,7 +218,7 @@ class Bench:
             return
         meta = self.folder.read_metadata()
         found = reference.lookup(settings, self.folder)
-        summary: dict[str, Any] = {"curve_key": reference.curve_key(settings), "steps": len(curve)}
+        summary: dict[str, Any] = {"curve_key": key, "steps": len(curve)}
         curves = {f"{self.ctx.topology.label} cp={self.ctx.topology.cp}": curve}
         if found is not None:
             path, ref = found

@@ -15,6 +15,7 @@ from hydra import compose, initialize_config_module
 from mlperf_logging.compliance_checker import mlp_parser
 
 from cpbench.core import ConfigError
+from cpbench.measure import checkpoint
 from cpbench.measure.convergence import Comparison, batch_seed, compare
 from cpbench.report import merge
 from cpbench.report.reference import REFERENCE_DIR
@@ -140,3 +141,14 @@ def test_a_merge_puts_the_curves_side_by_side(uninterrupted, grid, tmp_path):
     report = (tmp_path / "merged" / "cp_benchmark.md").read_text()
     assert f"{grid.name}: equal over {STEPS} step(s)" in report and "no results" not in report
     assert (tmp_path / "merged" / "convergence.png").exists()
+
+
+def test_only_a_complete_checkpoint_of_the_same_settings_is_resumed(tmp_path):
+    for step, key in ((5, "a"), (10, "a"), (15, "b"), (20, None)):  # None: cut short, no done.json
+        path = tmp_path / f"step_{step:06d}"
+        path.mkdir()
+        if key:
+            (path / checkpoint.DONE).write_text(json.dumps({"step": step, "key": key}))
+    assert checkpoint.latest(tmp_path, "a") == tmp_path / "step_000010"
+    assert checkpoint.latest(tmp_path, "b") == tmp_path / "step_000015"
+    assert checkpoint.latest(tmp_path, "c") is None and checkpoint.latest(tmp_path / "none", "a") is None

@@ -39,9 +39,15 @@ def _rng_state() -> dict[str, object]:
 
 
 def save(
-    path: Path, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer, group: dist.ProcessGroup
+    path: Path,
+    step: int,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    group: dist.ProcessGroup,
+    key: str,
 ) -> Saved:
-    """Every rank calls it; rank 0 marks the checkpoint complete last."""
+    """Every rank calls it; rank 0 marks the checkpoint complete last, with the `key` of the settings
+    it belongs to."""
     rank = dist.get_rank(group)
     start = time.perf_counter()
     model_sd, optim_sd = get_state_dict(model, optimizer)
@@ -54,15 +60,16 @@ def save(
     size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
     saved = Saved(step, seconds.item(), size)
     if rank == 0:
-        RunFolder.write_json(path / DONE, {"step": step, "seconds": saved.seconds, "bytes": size})
+        RunFolder.write_json(path / DONE, {"step": step, "seconds": saved.seconds, "bytes": size, "key": key})
     dist.barrier(group=group)
     return saved
 
 
-def latest(folder: Path) -> Path | None:
-    """The last complete checkpoint under `folder`, or None."""
-    done = sorted(p.parent for p in folder.glob(f"*/{DONE}")) if folder.is_dir() else []
-    return done[-1] if done else None
+def latest(folder: Path, key: str) -> Path | None:
+    """The last complete checkpoint under `folder` taken under settings of this `key`, or None."""
+    done = sorted(folder.glob(f"*/{DONE}")) if folder.is_dir() else []
+    mine = [p.parent for p in done if (RunFolder.read_json(p) or {}).get("key") == key]
+    return mine[-1] if mine else None
 
 
 def load(
@@ -73,7 +80,7 @@ def load(
     state = {"model": model_sd, "optim": optim_sd}
     dcp.load(state, checkpoint_id=str(path), process_group=group)
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
-    mine = torch.load(_rank_file(path, dist.get_rank(group)), weights_only=False)
+    mine = torch.load(_rank_file(path, dist.get_rank(group)), weights_only=True)
     torch.set_rng_state(mine["rng"]["cpu"])
     if "cuda" in mine["rng"] and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(mine["rng"]["cuda"])

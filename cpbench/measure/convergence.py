@@ -37,6 +37,7 @@ class ConvergenceSettings:
     checkpoint_every: int  # 0: no checkpoints
     seed: int
     fault: Fault
+    key: str  # of the settings that decide the curve: a checkpoint of other settings is not resumed
 
 
 def run_convergence(
@@ -56,7 +57,9 @@ def run_convergence(
         raise RuntimeError("workflow=convergence needs the native contract and trainable parameters")
     lead = ctx.rank == 0
     runner.track_grad_norm = True
-    box = [checkpoint.latest(folder.checkpoints) if lead and settings.checkpoint_every else None]
+    box = [
+        checkpoint.latest(folder.checkpoints, settings.key) if lead and settings.checkpoint_every else None
+    ]
     dist.broadcast_object_list(box, src=0, group=control)
     start = 0
     if box[0] is not None:
@@ -83,7 +86,9 @@ def run_convergence(
                "checkpoint_s": None, "checkpoint_bytes": None}  # fmt: skip
         done = step + 1
         if settings.checkpoint_every and done % settings.checkpoint_every == 0:
-            saved = checkpoint.save(folder.checkpoint(done), done, runner.model, runner.optimizer, control)
+            saved = checkpoint.save(
+                folder.checkpoint(done), done, runner.model, runner.optimizer, control, settings.key
+            )
             row.update(checkpoint_s=saved.seconds, checkpoint_bytes=saved.bytes)
         if lead:
             rows.append(row)
