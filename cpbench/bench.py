@@ -23,7 +23,14 @@ from cpbench.measure.budget import apply_budget
 from cpbench.measure.convergence import ConvergenceSettings, compare, run_convergence
 from cpbench.measure.fault import Fault
 from cpbench.measure.memory import release
-from cpbench.measure.point import Budget, OutOfMemoryAlone, PointResult, PointSettings, measure_point
+from cpbench.measure.point import (
+    Budget,
+    OutOfMemoryAlone,
+    PointResult,
+    PointSettings,
+    comm_timing,
+    measure_point,
+)
 from cpbench.measure.step import StepRunner
 from cpbench.probe.runner import max_fit_row, run_probe, search_config
 from cpbench.probe.search import Trial
@@ -148,6 +155,7 @@ class Bench:
             budget = self.point_settings.budget
             meta.update(seed=settings.seed, budget_gib=budget and budget.gib)
             meta.update(baseline_gib=budget and budget.baseline_gib)
+            meta.update(comm_timing=comm_timing(ctx.device, self.point_settings))
             self.folder.write_metadata(meta)
             workflow = settings.workflow.value
             self.mllog.submission(meta, self.workload_name, workflow, ctx.topology.cp, settings.seed)

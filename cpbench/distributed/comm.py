@@ -31,11 +31,21 @@ class CommLedger:
     seconds: dict[str, float] = field(default_factory=lambda: defaultdict(float))
     calls: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     label: str = "other"
+    # GPU collectives not yet read: (label, start event, end event)
+    pending: list[tuple[str, torch.cuda.Event, torch.cuda.Event]] = field(default_factory=list)
 
     def reset(self) -> None:
         self.bytes_sent.clear()
         self.seconds.clear()
         self.calls.clear()
+        self.pending.clear()
+
+    def settle(self) -> None:
+        """Read the pending GPU collectives' times, waiting for each one's end event."""
+        for label, start, end in self.pending:
+            end.synchronize()
+            self.seconds[label] += start.elapsed_time(end) / 1e3
+        self.pending.clear()
 
     @property
     def total_bytes(self) -> int:
@@ -43,11 +53,13 @@ class CommLedger:
 
     @property
     def total_seconds(self) -> float:
+        self.settle()
         return sum(self.seconds.values())
 
     def table(self) -> list[dict[str, float | int | str]]:
         """One row per op label (a backward's `.bwd` label folded into its op): calls, bytes sent and
         seconds, forward and backward apart; the per-op communication table of a report."""
+        self.settle()
         rows: dict[str, dict[str, float | int | str]] = {}
         for label in sorted(set(self.bytes_sent) | set(self.seconds)):
             op, bwd = (label[:-4], True) if label.endswith(".bwd") else (label, False)
@@ -102,12 +114,20 @@ def op_label(name: str) -> Iterator[None]:
                 CLOCK.nested[-1] += elapsed
 
 
-def _account(label: str, nbytes: float, run) -> None:
-    _sync()
-    start = time.perf_counter()
-    run()
-    _sync()
-    LEDGER.seconds[label] += time.perf_counter() - start
+def _account(label: str, nbytes: float, run, device: torch.device) -> None:
+    """On a GPU, CUDA events around the collective on the current stream, read once the step is over:
+    no synchronisation inside the step, so compute and communication overlap as in a real run. On CPU
+    (gloo) the collective returns when it is done: the wall clock."""
+    if device.type == "cuda":
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        run()
+        end.record()
+        LEDGER.pending.append((label, start, end))
+    else:
+        start = time.perf_counter()
+        run()
+        LEDGER.seconds[label] += time.perf_counter() - start
     LEDGER.bytes_sent[label] += int(nbytes)
     LEDGER.calls[label] += 1
 
@@ -123,7 +143,7 @@ def _nbytes(t: torch.Tensor) -> int:
 def _all_reduce(x: torch.Tensor, group, label: str) -> torch.Tensor:
     p = _size(group)
     out = x.contiguous().clone()
-    _account(label, 2 * (p - 1) / p * _nbytes(out), lambda: dist.all_reduce(out, group=group))
+    _account(label, 2 * (p - 1) / p * _nbytes(out), lambda: dist.all_reduce(out, group=group), out.device)
     return out
 
 
@@ -132,7 +152,7 @@ def _all_gather(x: torch.Tensor, group, label: str) -> torch.Tensor:
     p = _size(group)
     x = x.contiguous()
     out = x.new_empty((p * x.shape[0], *x.shape[1:]))
-    _account(label, (p - 1) * _nbytes(x), lambda: dist.all_gather_single(out, x, group=group))
+    _account(label, (p - 1) * _nbytes(x), lambda: dist.all_gather_single(out, x, group=group), x.device)
     return out
 
 
@@ -141,7 +161,9 @@ def _reduce_scatter(x: torch.Tensor, group, label: str) -> torch.Tensor:
     p = _size(group)
     x = x.contiguous()
     out = x.new_empty((x.shape[0] // p, *x.shape[1:]))
-    _account(label, (p - 1) / p * _nbytes(x), lambda: dist.reduce_scatter_single(out, x, group=group))
+    _account(
+        label, (p - 1) / p * _nbytes(x), lambda: dist.reduce_scatter_single(out, x, group=group), x.device
+    )
     return out
 
 
@@ -150,7 +172,7 @@ def _all_to_all(x: torch.Tensor, group, label: str) -> torch.Tensor:
     p = _size(group)
     x = x.contiguous()
     out = torch.empty_like(x)
-    _account(label, (p - 1) / p * _nbytes(x), lambda: dist.all_to_all_single(out, x, group=group))
+    _account(label, (p - 1) / p * _nbytes(x), lambda: dist.all_to_all_single(out, x, group=group), x.device)
     return out
 
 
@@ -241,12 +263,12 @@ def all_to_all(
 def _broadcast(buf: torch.Tensor, src: int, group, label: str) -> None:
     p = _size(group)
     nbytes = (p - 1) * _nbytes(buf) if dist.get_rank() == src else 0
-    _account(label, nbytes, lambda: dist.broadcast(buf, src=src, group=group))
+    _account(label, nbytes, lambda: dist.broadcast(buf, src=src, group=group), buf.device)
 
 
 def _reduce(buf: torch.Tensor, dst: int, group, label: str) -> None:
     nbytes = 0 if dist.get_rank() == dst else _nbytes(buf)
-    _account(label, nbytes, lambda: dist.reduce(buf, dst=dst, group=group))
+    _account(label, nbytes, lambda: dist.reduce(buf, dst=dst, group=group), buf.device)
 
 
 class _Broadcast(torch.autograd.Function):
@@ -286,7 +308,7 @@ def _send_recv(x: torch.Tensor, dst: int, src: int, label: str) -> torch.Tensor:
         for request in requests:
             request.wait()
 
-    _account(label, _nbytes(x), run)
+    _account(label, _nbytes(x), run, x.device)
     return out
 
 
@@ -313,7 +335,7 @@ def _all_to_all_v(flat: torch.Tensor, send: list[int], recv: list[int], group, l
     out = flat.new_empty(sum(recv))
     me = dist.get_rank(group)
     nbytes = (sum(send) - send[me]) * flat.element_size()
-    _account(label, nbytes, lambda: dist.all_to_all_single(out, flat, recv, send, group=group))
+    _account(label, nbytes, lambda: dist.all_to_all_single(out, flat, recv, send, group=group), flat.device)
     return out
 
 
@@ -352,5 +374,5 @@ def all_reduce_max(x: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Te
         return out
     p = _size(group)
     _account(LEDGER.label, 2 * (p - 1) / p * _nbytes(out),
-             lambda: dist.all_reduce(out, op=dist.ReduceOp.MAX, group=group))  # fmt: skip
+             lambda: dist.all_reduce(out, op=dist.ReduceOp.MAX, group=group), out.device)  # fmt: skip
     return out

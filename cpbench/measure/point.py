@@ -114,6 +114,17 @@ class PointSettings:
         return replace(self, warmup=0, repeats=1)
 
 
+def comm_timing(device: torch.device, settings: PointSettings) -> str:
+    """How a run's comm ms is measured, for the reader of its report."""
+    if settings.profile_comm:
+        return "the torch profiler's gloo/NCCL events inside the timed steps (measure.profile_comm)"
+    if not settings.counts_comm:
+        return "not measured: the model's collectives do not go through cpbench (try measure.profile_comm)"
+    if device.type == "cuda":
+        return "CUDA events around each collective of cpbench's layer, no synchronisation inside the steps"
+    return "the wall clock around each collective of cpbench's layer (gloo returns when it is done)"
+
+
 def measure_point(
     runner: StepRunner, shape: Shape, ctx: RankContext, control: dist.ProcessGroup, settings: PointSettings
 ) -> PointResult:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from dataclasses import dataclass
@@ -34,6 +35,30 @@ class Phases:
 def synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+class StepClock:
+    """Phase boundaries within one step. On a GPU they are CUDA events, read once the step is over:
+    the step runs with no synchronisation inside it, as a real run does. On CPU, the wall clock."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.marks: list[Any] = []
+
+    def mark(self) -> None:
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            self.marks.append(event)
+        else:
+            self.marks.append(time.perf_counter())
+
+    def seconds(self) -> list[float]:
+        """Seconds between consecutive marks (on a GPU, after waiting for the last one)."""
+        if self.cuda:
+            self.marks[-1].synchronize()
+            return [a.elapsed_time(b) / 1e3 for a, b in itertools.pairwise(self.marks)]
+        return [b - a for a, b in itertools.pairwise(self.marks)]
 
 
 class StepRunner:
@@ -75,27 +100,25 @@ class StepRunner:
         """Run one step; return its output and the seconds of each phase."""
         if self.contract is Contract.foldcp:
             return self._whole_step(batch)
-        synchronize(self.device)
-        start = time.perf_counter()
+        synchronize(self.device)  # the previous step's work is not this one's
+        clock = StepClock(self.device)
+        clock.mark()
         with torch.set_grad_enabled(self.train):  # inference keeps no autograd graph, as in a real run
             out = self.workload.run_step(self.model, batch, self.train)
-        synchronize(self.device)
-        forward_end = time.perf_counter()
+        clock.mark()
         if not self.train:
-            return out, Phases(forward=forward_end - start)
+            return out, Phases(*clock.seconds())
         if out is not None and out.requires_grad:
             out.backward()
-        synchronize(self.device)
-        backward_end = time.perf_counter()
+        clock.mark()
         if self.optimizer is not None:
             self._sum_gradients()
             if self.track_grad_norm:
                 self.grad_norm = self._grad_norm()
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
-        synchronize(self.device)
-        end = time.perf_counter()
-        return out, Phases(forward_end - start, backward_end - forward_end, end - backward_end)
+        clock.mark()
+        return out, Phases(*clock.seconds())
 
     def _whole_step(self, batch: Any) -> tuple[Any, Phases]:
         synchronize(self.device)

@@ -30,9 +30,12 @@ _META = [
     ("date", "date"), ("host", "host"), ("device", "device"), ("device_count", "device count"),
     ("cpu_cores", "CPU cores"), ("backend", "backend"), ("torch", "torch"), ("cuda", "CUDA"),
     ("topology", "topology"), ("cp", "cp"), ("grid", "grid"), ("world_size", "ranks"),
-    ("clocks_locked", "clocks locked"), ("devices_shared", "devices shared"),
+    ("gpu_driver", "GPU driver"), ("sm_clocks_mhz", "SM clocks MHz"), ("clocks_locked", "clocks locked"),
+    ("power_limit_w", "power limit W"), ("gpu_processes", "processes on the GPU"),
+    ("devices_shared", "devices shared"),
     ("oversubscribed", "oversubscribed"), ("ranks_per_device", "ranks per device"), ("seed", "seed"),
-    ("config_hash", "config hash"), ("budget_gib", "memory budget GiB (per rank)"),
+    ("comm_timing", "comm ms measured by"), ("config_hash", "config hash"),
+    ("budget_gib", "memory budget GiB (per rank)"),
     ("baseline_gib", "start-up baseline GiB (rank 0)"), ("commit", "project commit"),
 ]  # fmt: skip
 # A point whose IQR over repeats exceeds this share of its median walltime is noisy.

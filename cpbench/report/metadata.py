@@ -15,6 +15,7 @@ import torch
 
 import cpbench
 from cpbench.core import Topology
+from cpbench.report import nvml
 
 
 def project_commit() -> str:
@@ -60,6 +61,7 @@ def collect(
     shared = local_world > devices
     # On CPU the ranks share the cores: more ranks than cores oversubscribes them.
     units, unit = (devices, "GPU") if on_cuda else (os.cpu_count() or 1, "CPU core")
+    gpu = nvml.gpu_state(str(torch.cuda.get_device_properties(device).uuid)) if on_cuda else {}
     return {
         "date": now(),
         "host": socket.gethostname(),
@@ -73,8 +75,8 @@ def collect(
         "cp": topology.cp,
         "grid": topology.grid_label,
         "world_size": world_size,
-        # Locked clocks cannot be read without vendor tools; say so rather than guess.
-        "clocks_locked": "unknown" if on_cuda else "n/a (CPU)",
+        "clocks_locked": "n/a (CPU)",
+        **gpu,
         "devices_shared": f"yes ({local_world} ranks on {devices} device(s))" if shared else "no",
         "ranks_per_device": round(local_world / units, 2),
         "oversubscribed": f"yes ({local_world} ranks on {units} {unit}(s))" if local_world > units else "no",
