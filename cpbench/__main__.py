@@ -42,7 +42,7 @@ from cpbench.report.single import write_report
 from cpbench.results.folder import FolderLocked, RunFolder
 from cpbench.runtime.rank import pick_backend
 from cpbench.runtime.seed import deterministic
-from cpbench.settings.schema import BenchConfig, Mode, register
+from cpbench.settings.schema import BenchConfig, Mode, Workflow, register
 from cpbench.settings.validate import to_settings, validate
 from cpbench.workloads.adapter import WorkloadError
 from cpbench.workloads.base import Workload
@@ -141,6 +141,8 @@ def _checked(cfg: DictConfig) -> tuple[BenchConfig, Topology, Workload]:
             _check_environment(settings, topology.cp)
     _check_runs_of_its_own(settings)
     workload = _build_workload(settings)
+    if settings.workflow is Workflow.convergence and getattr(workload, "contract", "native") != "native":
+        raise ConfigError("workflow=convergence: needs a workload of the native contract (cpbench steps)")
     check_topology = getattr(workload, "check_topology", None)
     if callable(check_topology):
         check_topology(topology)

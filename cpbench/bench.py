@@ -23,6 +23,7 @@ from cpbench.checks import accuracy
 from cpbench.core import RankContext, Shape, Topology
 from cpbench.inputs import load_features
 from cpbench.measure.budget import apply_budget
+from cpbench.measure.convergence import ConvergenceSettings, compare, run_convergence
 from cpbench.measure.fault import Fault
 from cpbench.measure.memory import release
 from cpbench.measure.point import (
@@ -40,7 +41,8 @@ from cpbench.probe.predict import Prediction
 from cpbench.probe.runner import max_fit_row, run_probe, search_config
 from cpbench.probe.search import SearchConfig, Trial
 from cpbench.probe.state import ProbeState
-from cpbench.report import metadata
+from cpbench.report import metadata, plots, reference
+from cpbench.report.mllog import MAX_FIT, POINT, TRAIN_LOSS, RunLog, constants
 from cpbench.report.single import write_report
 from cpbench.results.folder import RunFolder
 from cpbench.results.row import BASELINE, ResultRow
@@ -125,6 +127,7 @@ def hashed_config(settings: BenchConfig) -> str:
         "job",
         "repeat_check",
         "experiment",
+        "checkpoint",
     )
     for key in skipped:
         container.pop(key, None)
@@ -152,7 +155,7 @@ class Bench:
         self.settings, self.ctx, self.control, self.folder = settings, ctx, control, folder
         self.prediction = prediction
         self.lead = ctx.rank == 0
-        self.train = settings.workflow is Workflow.training
+        self.train = settings.workflow in (Workflow.training, Workflow.convergence)
         self.config_hash = hashed_config(settings)
         self.workload = workload
         self.workload_name = getattr(workload, "name", type(workload).__name__)
@@ -168,7 +171,7 @@ class Bench:
             settle_pct=timing.settle_pct,
             iqr_pct=timing.iqr_pct,
             budget=_apply_budget(settings, ctx),
-            fault=Fault(f.rank, f.at_n, f.where, f.kind),
+            fault=Fault(f.rank, f.at_n, f.where, f.kind, f.at_step),
             agree_wait_s=settings.dist.agree_timeout_s,
             seed=settings.seed,
             counts_comm=getattr(workload, "counts_comm", False),
@@ -184,6 +187,7 @@ class Bench:
         self.planned_at: float | None = None  # when the budget's timed step started
         self.largest: tuple[Shape, PointResult] | None = None  # the largest point measured, ok
         self.overhead_s = 0.0  # a measurement's time besides its steps, from the budget's timed one
+        self.mllog = RunLog(folder.mllog if self.lead else None)
 
     def check_against(self, reference: RunFolder) -> None:
         """Check every point this rank records against the cp=1 run in `reference` (rank 0)."""
@@ -191,11 +195,12 @@ class Bench:
         self.reference = accuracy.reference_rows(reference, config_hash)
 
     def run(self) -> None:
-        with self.heartbeat:
+        with self.heartbeat, self.mllog:
             self._run()
 
     def _run(self) -> None:
         settings, ctx = self.settings, self.ctx
+        self.mllog.start(constants.INIT_START)
         if self.lead:
             if again := self.folder.in_flight.resume(settings.launch.max_restarts):
                 LOG.warning("N=%s was in flight when the last run stopped: measured again", again["N_tokens"])
@@ -212,12 +217,19 @@ class Bench:
             meta.update(baseline_gib=budget and budget.baseline_gib, what_changed=self.what_changed)
             meta.update(comm_timing=comm_timing(ctx.device, self.point_settings))
             self.folder.write_metadata(meta)
+            workflow = settings.workflow.value
+            self.mllog.submission(meta, self.workload_name, workflow, ctx.topology.cp, settings.seed)
             if meta["ranks_per_device"] > 1:
                 LOG.warning(
                     "oversubscribed: %s; walltimes and the comm share are not meaningful",
                     meta["oversubscribed"].removeprefix("yes (").removesuffix(")"),
                 )
         self.runner = self._build_runner()
+        self.mllog.end(constants.INIT_STOP)
+        self.mllog.start(constants.RUN_START)
+        if settings.workflow is Workflow.convergence:
+            self.converge()
+            return
         self.done = _broadcast(self.folder.done_keys(self.config_hash) if self.lead else None, self.control)
         points = walltime_points(settings)
         todo = [s for s in points if self.row(s, "point").key not in self.done]
@@ -346,6 +358,49 @@ class Bench:
         meta["what_changed"] += [r.as_dict() for r in budget_rows(verdict.cuts)]
         self.folder.write_metadata(meta)
 
+    def converge(self) -> None:
+        """workflow=convergence: the curve at shape.*, then (rank 0) its comparison with the reference."""
+        settings, shape = self.settings, resolve_shape(self.settings.shape)
+        LOG.info(
+            "%s convergence on %s cp=%d: %d step(s) at N=%d -> %s", self.workload_name,
+            self.ctx.topology.label, self.ctx.topology.cp, settings.convergence.steps, shape.n_tokens,
+            self.folder.root,
+        )  # fmt: skip
+        every = settings.checkpoint.every
+        key = reference.curve_key(settings)
+        how = ConvergenceSettings(
+            settings.convergence.steps, every, settings.seed, self.point_settings.fault, key
+        )
+        say = self.heartbeat.step
+        curve = run_convergence(
+            self.runner, shape, self.ctx, self.control, self.folder, how, say, self._logged
+        )
+        if not self.lead:
+            return
+        meta = self.folder.read_metadata()
+        found = reference.lookup(settings, self.folder)
+        summary: dict[str, Any] = {"curve_key": key, "steps": len(curve)}
+        curves = {f"{self.ctx.topology.label} cp={self.ctx.topology.cp}": curve}
+        if found is not None:
+            path, ref = found
+            c = settings.convergence
+            comparison = compare(curve, ref, c.rtol, c.atol)
+            summary.update(reference=str(path), **comparison.as_dict())
+            curves[f"reference ({path.name})"] = ref
+            say = LOG.info if comparison.match else LOG.warning
+            say("convergence vs %s: %s", path, comparison.line())
+        else:
+            LOG.info("convergence: no reference curve for this configuration (key %s)", summary["curve_key"])
+        plots.convergence_png(curves, self.folder.convergence_plot)
+        last = curve.iloc[-1]
+        LOG.info("convergence: step %d loss %.9g grad norm %.9g", last.step, last.loss, last.grad_norm)
+        self.folder.write_metadata({**meta, "convergence": summary, "finished": metadata.now()})
+
+    def _logged(self, row: dict[str, Any]) -> None:
+        """A convergence step into mllog.txt."""
+        extra = {"step_num": row["step"], "grad_norm": row["grad_norm"], "step_ms": row["step_ms"]}
+        self.mllog.event(TRAIN_LOSS, row["loss"], metadata=extra)
+
     def _build_runner(self) -> StepRunner:
         """The model (its weights from the seed) and the step around it."""
         seed_all(self.settings.seed)
@@ -409,7 +464,9 @@ class Bench:
                 state.finish(trial)
         row = self.row(shape, "max-fit")
         if self.lead and row.key not in self.done:
-            self.folder.in_flight.finish(dataclasses.replace(row, **max_fit_row(best, fail)).as_dict())
+            answer = dataclasses.replace(row, **max_fit_row(best, fail)).as_dict()
+            self.folder.in_flight.finish(answer)
+            self.mllog.event(MAX_FIT, answer["N_tokens"], metadata=answer)
 
     def _point_trials(self) -> list[Trial]:
         """This configuration's walltime points that fit or ran out of memory, at the probe's shapes."""
@@ -461,6 +518,7 @@ class Bench:
                 if error:
                     LOG.warning("N=%d: %s", shape.n_tokens, error)
             self.folder.in_flight.finish(measured.as_dict())
+            self.mllog.event(POINT, measured.walltime_ms, metadata=measured.as_dict())
             LOG.info(
                 "N=%d atoms=%d S=%d: %s", shape.n_tokens, shape.n_atoms, shape.msa_depth, _summary(result)
             )

@@ -40,8 +40,8 @@ def _strike(kind: str, device: torch.device) -> None:
 
 
 class Fault:
-    def __init__(self, rank: int | None, at_n: int | None, where: str, kind: str):
-        self.rank, self.at_n, self.where, self.kind = rank, at_n, where, kind
+    def __init__(self, rank: int | None, at_n: int | None, where: str, kind: str, at_step: int | None = None):
+        self.rank, self.at_n, self.where, self.kind, self.at_step = rank, at_n, where, kind, at_step
 
     @staticmethod
     def off() -> Fault:
@@ -49,6 +49,12 @@ class Fault:
 
     def armed(self, rank: int, n_tokens: int) -> bool:
         return self.rank == rank and self.at_n is not None and n_tokens >= self.at_n
+
+    def before_step(self, rank: int, step: int, resumed: bool, device: torch.device) -> None:
+        """A convergence run's fault: before step `at_step` of a run that did not resume from a
+        checkpoint (a resumed run goes past it, as a requeued job would)."""
+        if self.rank == rank and self.at_step == step and not resumed:
+            _strike(self.kind, device)
 
     def before_batch(self, rank: int, n_tokens: int, device: torch.device) -> None:
         if self.where == "batch" and self.armed(rank, n_tokens):

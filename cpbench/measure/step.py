@@ -88,9 +88,8 @@ class StepRunner:
         )
         self.grad_group = dist.group.WORLD if ctx.world_size > 1 else None
         self.track_grad_norm = track_grad_norm and self.optimizer is not None
-        # The last step's L2 norm (float64) of the replicated parameters' gradients after their sum
-        # over the ranks, when tracked (mode=accuracy): a checked quantity, the same on every rank.
-        # DTensor parameters' gradients belong to the model and are left out.
+        # The last step's gradient norm when tracked (mode=accuracy, workflow=convergence): a checked
+        # quantity, the same on every rank; off in plain timed steps (a pass over the gradients).
         self.grad_norm: float | None = None
 
     @property
@@ -121,7 +120,7 @@ class StepRunner:
         if self.optimizer is not None:
             self._sum_gradients()
             if self.track_grad_norm:
-                self.grad_norm = _norm([p.grad for p in self.replicated if p.grad is not None])
+                self.grad_norm = self._grad_norm()
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
         clock.mark()
@@ -138,6 +137,15 @@ class StepRunner:
         return out, Phases(forward=seconds)
 
     @torch.no_grad()
+    @torch.no_grad()
+    def _grad_norm(self) -> float:
+        """The L2 norm (float64) of every gradient after the sum over ranks; a DTensor's over its whole
+        tensor (a collective: every rank takes the step, so every rank runs it)."""
+        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        grads = [g.full_tensor() if isinstance(g, DTensor) else g for g in grads]
+        return math.sqrt(math.fsum(float(g.double().pow(2).sum()) for g in grads))
+
+    @torch.no_grad()
     def _sum_gradients(self) -> None:
         """Each rank holds its shard's share of a replicated parameter's gradient: add them up."""
         if self.grad_group is None:
@@ -151,8 +159,3 @@ class StepRunner:
         for g in grads:
             g.copy_(flat[offset : offset + g.numel()].view_as(g))
             offset += g.numel()
-
-
-@torch.no_grad()
-def _norm(grads: list[torch.Tensor]) -> float:
-    return math.sqrt(math.fsum(float(g.double().pow(2).sum()) for g in grads))

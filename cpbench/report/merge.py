@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 import shlex
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +15,7 @@ from omegaconf import OmegaConf
 
 import cpbench
 from cpbench.report.markdown import render_sweep
-from cpbench.report.plots import write_plots
+from cpbench.report.plots import convergence_png, write_plots
 from cpbench.results.folder import RunFolder
 from cpbench.results.row import BASELINE, COLUMNS
 
@@ -38,6 +38,7 @@ class Run:
     in_flight: dict[str, Any] | None
     submitted: dict[str, Any] | None
     stale: int = 0  # rows of an earlier configuration in the same folder, left out
+    curve: pd.DataFrame = field(default_factory=pd.DataFrame)  # workflow=convergence: its convergence.csv
 
     @property
     def cp(self) -> int | None:
@@ -62,7 +63,7 @@ class Run:
                 f"stopped while measuring N={self.in_flight.get('N_tokens')}: killed, or still running "
                 "(run it again to resume)"
             )
-        if self.frame.empty:
+        if self.frame.empty and self.curve.empty:
             if self.submitted:
                 return (
                     f"no results yet from {self.submitted.get('cluster')} job {self.submitted.get('job_id')}"
@@ -138,6 +139,7 @@ def load(name: str, path: Path) -> Run:
         in_flight=folder.in_flight.row(),
         submitted=folder.read_json(folder.submitted),
         stale=stale,
+        curve=folder.read_convergence(),
     )
 
 
@@ -219,10 +221,32 @@ def write(
     for a, b, host in overlapping(merged.runs):
         clash = f"`{a}` and `{b}` ran at the same time on {host}: their walltimes do not compare."
         note = f"{note}\n\n{clash}" if note else clash
+    if curves := _write_curves(merged.runs, out):
+        note = f"{note}\n\n{curves}" if note else curves
     text = render_sweep(merged.frame, [run.summary() for run in merged.runs], plots, csv_name, title, note)
     merged.report = out.report
     out.write_text(merged.report, text)
     return merged.report
+
+
+def _write_curves(runs: Sequence[Run], out: RunFolder) -> str:
+    """The convergence curves of every run side by side (convergence.csv with a `run` column, one plot),
+    and a sentence with each run's comparison with its reference; empty without curves."""
+    with_curves = [run for run in runs if not run.curve.empty]
+    if not with_curves:
+        return ""
+    out.write_convergence(pd.concat([run.curve.assign(run=run.name) for run in with_curves]))
+    convergence_png(
+        {f"{run.name} ({run.topology} cp={run.cp})": run.curve for run in with_curves}, out.convergence_plot
+    )
+    said = [f"{run.name}: {run.meta.get('convergence', {}).get('summary', 'no reference curve')}"
+            for run in with_curves]  # fmt: skip
+    return (
+        f"Convergence curves of {len(with_curves)} run(s) in [{out.CONVERGENCE}]({out.CONVERGENCE}), "
+        f"plotted in [{out.CONVERGENCE_PLOT}]({out.CONVERGENCE_PLOT}); against the reference: "
+        + "; ".join(said)
+        + "."
+    )
 
 
 def default_out(dirs: Sequence[Path]) -> Path | None:

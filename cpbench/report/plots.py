@@ -109,3 +109,20 @@ def write_plots(frame: pd.DataFrame, out_dir: Path) -> dict[str, str]:
         else:
             (out_dir / name).unlink(missing_ok=True)
     return written
+
+
+def convergence_png(curves: dict[str, pd.DataFrame], path: Path) -> Path:
+    """Loss and gradient norm per step, one line per curve (the run's, the one it is compared with)."""
+    fig, axes = _panels(2)
+    for (label, curve), style in zip(curves.items(), ("-", "--", ":", "-."), strict=False):
+        for ax, column in zip(axes, ("loss", "grad_norm"), strict=True):
+            ax.plot(curve["step"], curve[column], style, label=label)
+    for ax, ylabel in zip(axes, ("loss", "gradient norm"), strict=True):
+        ax.set_xlabel("step")
+        ax.set_ylabel(ylabel)
+        ax.set_yscale("log")
+        ax.grid(alpha=0.3, which="both")
+        ax.legend()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    return path

@@ -38,6 +38,10 @@ class RunFolder:
     FAILURE = "failure.json"  # how a run that did not finish ended
     REPORT = "cp_benchmark.md"
     LOGS = "logs"
+    CONVERGENCE = "convergence.csv"  # workflow=convergence: loss and gradient norm per step
+    CONVERGENCE_PLOT = "convergence.png"
+    CHECKPOINTS = "checkpoints"  # one torch.distributed.checkpoint folder per saved step
+    MLLOG = "mllog.txt"  # the run in MLPerf's logging format
     SLURM = "slurm"  # submitit's pickles and every task's logs, one folder per job
     EXPERIMENTS = "experiments"  # a plan's sub-runs, one run folder each (experiments/<name>/)
     EXPERIMENTS_CSV = "experiments.csv"  # a plan's verdicts
@@ -46,7 +50,7 @@ class RunFolder:
     LOCK = ".cpbench.lock"  # held by the process that runs the folder's run; names it
     REPEATS = "repeat_check"  # repeat_check: the second and later runs, run2, run3, ...
     # Files only a run folder holds; a sweep folder holds run folders (its own results.csv is a merge).
-    MARKERS = (RESULTS, RUN, FAILURE, STATE)
+    MARKERS = (RESULTS, RUN, FAILURE, STATE, CONVERGENCE)
 
     def __init__(self, root: Path | str):
         self.root = Path(root)
@@ -94,6 +98,26 @@ class RunFolder:
     @property
     def logs(self) -> Path:
         return self.root / self.LOGS
+
+    @property
+    def convergence(self) -> Path:
+        return self.root / self.CONVERGENCE
+
+    @property
+    def convergence_plot(self) -> Path:
+        return self.root / self.CONVERGENCE_PLOT
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.root / self.CHECKPOINTS
+
+    def checkpoint(self, step: int) -> Path:
+        """The checkpoint taken after `step` steps."""
+        return self.checkpoints / f"step_{step:06d}"
+
+    @property
+    def mllog(self) -> Path:
+        return self.root / self.MLLOG
 
     def rank_log(self, rank: int) -> Path:
         return self.logs / f"rank{rank}.log"
@@ -238,6 +262,13 @@ class RunFolder:
         if "source" in mine.columns:
             mine = mine[mine["source"] != BASELINE]
         return {point_key(r.kind, r.N_tokens, r.N_atoms, r.MSA_depth) for r in mine.itertuples()}
+
+    def read_convergence(self) -> pd.DataFrame:
+        """The convergence curve so far; empty when there is none."""
+        return pd.read_csv(self.convergence) if self.convergence.exists() else pd.DataFrame()
+
+    def write_convergence(self, frame: pd.DataFrame) -> None:
+        write_atomically(self.convergence, frame.to_csv(index=False))
 
     def read_metadata(self) -> dict[str, Any]:
         return self.read_json(self.run_json) or {}

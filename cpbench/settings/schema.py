@@ -15,6 +15,8 @@ from cpbench.settings.slurm import SlurmConfig
 class Workflow(Enum):
     inference = "inference"
     training = "training"
+    # K training steps on a fresh batch each, loss and gradient norm per step (docs/convergence.md).
+    convergence = "convergence"
 
 
 class Mode(Enum):
@@ -107,6 +109,26 @@ class BudgetConfig:
 
 
 @dataclass
+class ConvergenceConfig:
+    """workflow=convergence: `steps` training steps at `shape.*`, a new batch per step from (seed, step)."""
+
+    steps: int = 100
+    # Curves equal within these (float64 compare of fp32 runs): reductions run in another order at cp>1.
+    rtol: float = 1e-4
+    atol: float = 1e-6
+    # A convergence.csv to compare against; null: the reference curve of this configuration under
+    # docs/reference/, when there is one.
+    reference: str | None = None
+
+
+@dataclass
+class CheckpointConfig:
+    # Save model, optimizer, step and RNG state every this many convergence steps (0: never); a run
+    # that finds a checkpoint in output_dir resumes from the last one.
+    every: int = 0
+
+
+@dataclass
 class MeasureConfig:
     # comm_ms from the torch profiler's communication events (any model's collectives, at the
     # profiler's overhead) instead of cpbench's ledger, which sees only cpbench.distributed.comm.
@@ -146,6 +168,9 @@ class FaultConfig:
     # a peak over the budget that no failing allocation reports; perturb: every module output on the
     # rank scaled by 1 + 1e-4 in every step (a wrong answer for mode=accuracy to catch)
     kind: str = "oom"
+    # workflow=convergence: strike before this step (at_n is not used) in a run that did not resume
+    # from a checkpoint, so a resumed run goes past it.
+    at_step: int | None = None
 
 
 @dataclass
@@ -188,6 +213,8 @@ class BenchConfig:
     fault: FaultConfig = field(default_factory=FaultConfig)
     slurm: SlurmConfig = field(default_factory=SlurmConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
+    convergence: ConvergenceConfig = field(default_factory=ConvergenceConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     log: LogConfig = field(default_factory=LogConfig)
     # A plan of knob experiments (configs/experiment/, docs/experiments.md); null: one plain run.
     experiment: Any = None

@@ -6,7 +6,7 @@ from __future__ import annotations
 from omegaconf import DictConfig, OmegaConf
 
 from cpbench.core import ConfigError, Topology
-from cpbench.settings.schema import BenchConfig
+from cpbench.settings.schema import BenchConfig, Workflow
 
 __all__ = ["ConfigError", "to_settings", "validate"]
 
@@ -84,6 +84,7 @@ def validate(settings: BenchConfig) -> Topology:
     if settings.launch.max_restarts < 0:
         raise ConfigError(f"launch.max_restarts={settings.launch.max_restarts}: must be >= 0")
     _check_fault(settings, topology.cp)
+    _check_convergence(settings, topology)
     _positive("dist.timeout_s", settings.dist.timeout_s)
     _positive("dist.agree_timeout_s", settings.dist.agree_timeout_s)
     if settings.dist.backend not in (None, "gloo", "nccl"):
@@ -110,6 +111,28 @@ def _check_fault(settings: BenchConfig, cp: int) -> None:
     if f.rank is not None and not 0 <= f.rank < cp:
         raise ConfigError(f"fault.rank={f.rank}: must be a rank of topology.cp={cp} (0 to {cp - 1}) or null")
     _positive("fault.at_n", f.at_n, allow_null=True)
+    if f.at_step is not None and f.at_step < 0:
+        raise ConfigError(f"fault.at_step={f.at_step}: must be >= 0 or null")
+
+
+def _check_convergence(settings: BenchConfig, topology: Topology) -> None:
+    c = settings.convergence
+    _positive("convergence.steps", c.steps)
+    for key in ("rtol", "atol"):
+        if getattr(c, key) < 0:
+            raise ConfigError(f"convergence.{key}={getattr(c, key)}: must be >= 0")
+    if settings.checkpoint.every < 0:
+        raise ConfigError(f"checkpoint.every={settings.checkpoint.every}: must be >= 0 (0: no checkpoints)")
+    if settings.workflow is not Workflow.convergence:
+        return
+    if settings.data.path is not None:
+        path = settings.data.path
+        raise ConfigError(f"data.path={path}: workflow=convergence draws a batch per step; unset it")
+    if not topology.accepts(settings.shape.n_tokens):
+        raise ConfigError(
+            f"shape.n_tokens={settings.shape.n_tokens}: does not tile the {topology.grid_label} grid of "
+            f"topology.kind={topology.kind} (workflow=convergence runs at shape.*)"
+        )
 
 
 def _check_data(settings: BenchConfig) -> None:

@@ -1,0 +1,234 @@
+"""Check results against cpbench's rules: one verdict per rule (pass, fail, or n/a when the rule's
+inputs are absent), for run folders, sweep folders or a published report (docs/cp_benchmark.md with
+the cp_benchmark.csv beside it). `python -m cpbench.checks DIR...` exits 0 only if no rule fails."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from cpbench.measure.convergence import compare
+from cpbench.report import merge, plots, reference
+from cpbench.report.markdown import _META, NOISY_IQR, noisy
+from cpbench.results.folder import RunFolder
+from cpbench.results.store import read_results
+
+MIN_WARMUP = 1  # discarded steps before the timed ones
+MIN_REPEATS = 3  # timed steps: the median and IQR of fewer say little
+REQUIRED_META = ("device", "clocks_locked", "devices_shared", "budget_gib")
+LIKE_FOR_LIKE = ("workload", "workflow", "dtype")
+CHECKSUM_RTOL = 1e-6  # same configuration and point: the same output, up to printing digits
+NOISY_MARK = "ok, noisy"
+
+
+@dataclass
+class Run:
+    """What the rules read of one run."""
+
+    name: str
+    frame: pd.DataFrame  # its results rows (empty: none)
+    meta: dict[str, Any]
+    folder: RunFolder | None  # None: a run known only from a published report
+    report: str = ""  # the markdown that shows its rows
+
+
+@dataclass
+class Verdict:
+    rule: str
+    status: str  # pass | fail | n/a
+    detail: str
+
+    def line(self) -> str:
+        return f"{self.status.upper():4}  {self.rule}: {self.detail}"
+
+
+@dataclass
+class Results:
+    """Everything given to the check: runs, and the files of each folder given."""
+
+    runs: list[Run]
+    folders: list[Path] = field(default_factory=list)  # run and sweep folders (not published reports)
+
+
+def _published(md: Path) -> list[Run]:
+    """The runs of a published report: its CSV's rows by run, and its metadata table read back."""
+    frame = read_results(md.with_name(merge.PUBLISHED_CSV))
+    text = md.read_text()
+    labels = {label: key for key, label in _META}
+    metas: dict[str, dict[str, Any]] = {}
+    section = text.split("## Run metadata", 1)[1].split("\n## ", 1)[0] if "## Run metadata" in text else ""
+    rows = [line for line in section.splitlines() if line.startswith("|")]
+    if rows:
+        names = [c.strip() for c in rows[0].strip("|").split("|")][1:]
+        metas = {name: {} for name in names}
+        for line in rows[2:]:
+            label, *cells = [c.strip() for c in line.strip("|").split("|")]
+            for name, cell in zip(names, cells, strict=False):
+                metas[name][labels.get(label, label)] = cell
+    runs = frame.groupby("run", sort=False) if "run" in frame.columns else [(md.stem, frame)]
+    return [Run(str(name), rows.drop(columns="run", errors="ignore"), metas.get(str(name), {}), None, text)
+            for name, rows in runs]  # fmt: skip
+
+
+def collect(paths: Sequence[Path]) -> Results:
+    """Raises FileNotFoundError or ValueError for a path that holds no results."""
+    results = Results([])
+    for path in map(Path, paths):
+        if path.is_file() and path.suffix == ".md":
+            results.runs += _published(path)
+            continue
+        for name, run_dir in merge.discover([path]):
+            folder = RunFolder(run_dir)
+            report = folder.report.read_text() if folder.report.exists() else ""
+            results.runs.append(Run(name, folder.read_results(), folder.read_metadata(), folder, report))
+        results.folders.append(path)
+    return results
+
+
+def _timed(frame: pd.DataFrame) -> pd.DataFrame:
+    if frame.empty or "kind" not in frame.columns:
+        return frame.iloc[0:0]
+    return frame[(frame["kind"] == "point") & (frame["status"] == "ok")]
+
+
+def rule_repeats(results: Results) -> Verdict:
+    rule = f"warm-up >= {MIN_WARMUP} and repeats >= {MIN_REPEATS}"
+    timed = [(run.name, _timed(run.frame)) for run in results.runs]
+    timed = [(name, rows) for name, rows in timed if not rows.empty]
+    if not timed:
+        return Verdict(rule, "n/a", "no timed point")
+    short = [f"{name} N={r.N_tokens} (warm-up {r.warmup}, repeats {r.repeats})" for name, rows in timed
+             for r in rows.itertuples() if r.warmup < MIN_WARMUP or r.repeats < MIN_REPEATS]  # fmt: skip
+    if short:
+        return Verdict(rule, "fail", f"{len(short)} point(s) below: " + "; ".join(short[:5]))
+    return Verdict(rule, "pass", f"{sum(len(rows) for _, rows in timed)} timed point(s)")
+
+
+def rule_metadata(results: Results) -> Verdict:
+    rule = "metadata complete (" + ", ".join(REQUIRED_META) + ")"
+    if not results.runs:
+        return Verdict(rule, "n/a", "no run")
+    missing = [f"{run.name}: {', '.join(k for k in REQUIRED_META if k not in run.meta)}"
+               for run in results.runs if any(k not in run.meta for k in REQUIRED_META)]  # fmt: skip
+    if missing:
+        return Verdict(rule, "fail", "missing " + "; ".join(missing))
+    return Verdict(rule, "pass", f"{len(results.runs)} run(s)")
+
+
+def rule_like_for_like(results: Results) -> Verdict:
+    rule = "like-for-like (one " + ", ".join(LIKE_FOR_LIKE) + " and config per run)"
+    runs = [run for run in results.runs if not run.frame.empty]
+    if not runs:
+        return Verdict(rule, "n/a", "no results rows")
+    mixed = []
+    for run in runs:
+        for column in (*LIKE_FOR_LIKE, "config_hash"):
+            values = sorted(set(run.frame[column].dropna().astype(str))) if column in run.frame else []
+            if len(values) > 1:
+                mixed.append(f"{run.name} mixes {column} {', '.join(values)}")
+    if mixed:
+        return Verdict(rule, "fail", "; ".join(mixed))
+    return Verdict(rule, "pass", f"{len(runs)} run(s), each of one configuration")
+
+
+def rule_noise(results: Results) -> Verdict:
+    rule = f"noisy points flagged (IQR over {NOISY_IQR:.0%} of the median)"
+    runs = [(run, int(noisy(run.frame).sum())) for run in results.runs if not _timed(run.frame).empty]
+    if not runs:
+        return Verdict(rule, "n/a", "no timed point")
+    unflagged = []
+    for run, count in runs:
+        table = run.report.split("## All rows", 1)[-1] if run.report else ""
+        # A published report shows every run's rows in one table: each row names its run.
+        flagged = sum(1 for line in table.splitlines() if f"| {NOISY_MARK} |" in line
+                      and (run.folder is not None or line.startswith(f"| {run.name} |")))  # fmt: skip
+        if flagged < count:
+            unflagged.append(f"{run.name}: {count} noisy, {flagged} flagged in its report")
+    if unflagged:
+        return Verdict(rule, "fail", "; ".join(unflagged))
+    total = sum(count for _, count in runs)
+    return Verdict(rule, "pass", f"{total} noisy point(s), each flagged")
+
+
+def rule_same_answer(results: Results) -> Verdict:
+    rule = f"same answer twice (checksums of a repeated point within rtol {CHECKSUM_RTOL:g})"
+    rows = [run.frame.assign(_run=run.name) for run in results.runs if not _timed(run.frame).empty]
+    frame = _timed(pd.concat(rows, ignore_index=True)) if rows else pd.DataFrame()
+    if frame.empty or "checksum" not in frame.columns:
+        return Verdict(rule, "n/a", "no repeated run")
+    key = ["config_hash", "N_tokens", "N_atoms", "MSA_depth"]
+    groups = [g for _, g in frame.dropna(subset=["checksum"]).groupby(key) if len(g) > 1]
+    if not groups:
+        return Verdict(rule, "n/a", "no point measured twice under one configuration")
+    differ = [f"N={g['N_tokens'].iloc[0]} ({', '.join(map(str, g['_run']))}): {list(g['checksum'])}"
+              for g in groups if not np.allclose(g["checksum"], g["checksum"].iloc[0], rtol=CHECKSUM_RTOL,
+                                                 atol=0)]  # fmt: skip
+    if differ:
+        return Verdict(rule, "fail", "checksums differ: " + "; ".join(differ))
+    return Verdict(rule, "pass", f"{len(groups)} repeated point(s) agree")
+
+
+def rule_convergence(results: Results) -> Verdict:
+    rule = "convergence within tolerance of the reference"
+    checked, failed = [], []
+    for run in results.runs:
+        if run.folder is None or not run.folder.convergence.exists():
+            continue
+        summary = run.meta.get("convergence", {})
+        given = summary.get("reference")
+        path = Path(given) if given else reference.find(summary.get("curve_key", ""))
+        if path is None or not path.exists():
+            continue
+        rtol, atol = summary.get("rtol", 1e-4), summary.get("atol", 1e-6)
+        comparison = compare(pd.read_csv(run.folder.convergence), pd.read_csv(path), rtol, atol)
+        (checked if comparison.match else failed).append(f"{run.name} vs {path.name}: {comparison.line()}")
+    if failed:
+        return Verdict(rule, "fail", "; ".join(failed))
+    if not checked:
+        return Verdict(rule, "n/a", "no convergence curve with a reference")
+    return Verdict(rule, "pass", "; ".join(checked))
+
+
+def _allowed() -> set[str]:
+    """Every name a run or sweep folder may hold: RunFolder's files, the plots, the lock files."""
+    names = {v for k, v in vars(RunFolder).items() if k.isupper() and isinstance(v, str)}
+    return names | {plots.MAX_N_PNG, plots.WALLTIME_PNG, ".cpbench-turn.lock", "multirun.yaml"}
+
+
+def rule_stray_files(results: Results) -> Verdict:
+    rule = "no stray files"
+    if not results.folders:
+        return Verdict(rule, "n/a", "a published report: its folder holds other documents")
+    allowed, stray = _allowed(), []
+    for given in results.folders:
+        jobs = {path.resolve() for _, path in merge.discover([given])} - {given.resolve()}
+        for folder in [given, *jobs]:
+            stray += [str(p) for p in folder.iterdir() if p.name not in allowed and p.resolve() not in jobs]
+    if stray:
+        return Verdict(rule, "fail", f"{len(stray)} unknown: " + ", ".join(sorted(stray)[:5]))
+    return Verdict(rule, "pass", f"{len(results.folders)} folder(s)")
+
+
+RULES: tuple[Callable[[Results], Verdict], ...] = (
+    rule_repeats,
+    rule_metadata,
+    rule_like_for_like,
+    rule_noise,
+    rule_same_answer,
+    rule_convergence,
+    rule_stray_files,
+)
+
+
+def check(paths: Sequence[Path]) -> list[Verdict]:
+    results = collect(paths)
+    return [rule(results) for rule in RULES]
+
+
+def passed(verdicts: Sequence[Verdict]) -> bool:
+    return all(v.status != "fail" for v in verdicts)

@@ -1,0 +1,93 @@
+"""`python -m cpbench.checks` on real run folders: a fresh run passes every rule; too few repeats and a
+configuration mixed into a folder fail, naming their rules; a stray file fails; repeated points must
+agree. One process runs the check through `python -m`; the others call its main() in-process."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+from conftest import FAST, cpbench, ok
+
+from cpbench.checks.__main__ import main
+from cpbench.checks.compliance import Results, Run, rule_repeats, rule_same_answer
+
+RUN = [*FAST, "topology.cp=1", "timing.repeats=3", "sweep.n_tokens=[16,32]"]
+
+
+def check(*dirs) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "cpbench.checks", *map(str, dirs)]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def fresh(tmp_path_factory):
+    out = tmp_path_factory.mktemp("fresh")
+    ok(cpbench(*RUN, f"output_dir={out}", cwd=out, timeout=300))
+    return out
+
+
+def test_a_fresh_run_passes_every_rule(fresh):
+    proc = check(fresh)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    assert len(lines) == 8 and lines[-1] == "all rules pass"
+    assert lines[0].startswith("PASS  warm-up >= 1 and repeats >= 3: 2 timed point(s)")
+    assert lines[1].startswith("PASS  metadata complete")
+    assert lines[2].startswith("PASS  like-for-like")
+    # Rules whose inputs are absent say so rather than pass.
+    assert lines[4].startswith("N/A   same answer twice") and lines[5].startswith("N/A   convergence")
+    assert lines[6] == "PASS  no stray files: 1 folder(s)"
+
+
+@pytest.fixture(scope="module")
+def mixed(fresh, tmp_path_factory):
+    """The fresh run's folder with a second run of another dtype and too few repeats written into it."""
+    out = tmp_path_factory.mktemp("mixed") / "mixed"
+    shutil.copytree(fresh, out)
+    args = ["dtype=bfloat16", "timing.repeats=1", "sweep.n_tokens=[16]", f"output_dir={out}"]
+    ok(cpbench(*RUN, *args, cwd=out.parent, timeout=300))
+    return out
+
+
+def test_too_few_repeats_and_a_mixed_configuration_fail_naming_their_rules(mixed, capsys):
+    assert main([str(mixed)]) == 1
+    out = capsys.readouterr().out
+    assert "FAIL  warm-up >= 1 and repeats >= 3: 1 point(s) below: mixed N=16 (warm-up 1, repeats 1)" in out
+    assert "FAIL  like-for-like (one workload, workflow, dtype and config per run): mixed mixes dtype " \
+           "bfloat16, float32; mixed mixes config_hash" in out  # fmt: skip
+    assert out.endswith("2 rule(s) fail\n")
+
+
+def test_a_stray_file_fails(fresh, tmp_path, capsys):
+    out = tmp_path / "run"
+    shutil.copytree(fresh, out)
+    (out / "notes.txt").write_text("a file no run writes")
+    assert main([str(out)]) == 1
+    assert f"FAIL  no stray files: 1 unknown: {out / 'notes.txt'}" in capsys.readouterr().out
+
+
+def test_the_repeats_rule_alone_sees_repeats():
+    def run(repeats: int) -> Run:
+        row = {"kind": "point", "status": "ok", "N_tokens": 16, "warmup": 1, "repeats": repeats}
+        return Run("r", pd.DataFrame([row]), {}, None)
+
+    assert rule_repeats(Results([run(3)])).status == "pass"
+    assert rule_repeats(Results([run(2)])).status == "fail"
+    assert rule_repeats(Results([])).status == "n/a"
+
+
+def _run(name: str, checksum: float) -> Run:
+    row = {"kind": "point", "status": "ok", "config_hash": "abc", "N_tokens": 16, "N_atoms": 144,
+           "MSA_depth": 16, "checksum": checksum}  # fmt: skip
+    return Run(name, pd.DataFrame([row]), {}, None)
+
+
+def test_a_repeated_point_must_give_the_same_answer():
+    assert rule_same_answer(Results([_run("a", 1.25)])).status == "n/a"
+    assert rule_same_answer(Results([_run("a", 1.25), _run("b", 1.25)])).status == "pass"
+    differ = rule_same_answer(Results([_run("a", 1.25), _run("b", 1.5)]))
+    assert differ.status == "fail" and "checksums differ: N=16 (a, b)" in differ.detail
