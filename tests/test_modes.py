@@ -81,7 +81,7 @@ def test_the_reference_is_the_same_config_on_one_rank_and_its_tolerance():
         "topology.kind=2d", "topology.cp=4", "fault.rank=1", "fault.kind=perturb", "mode=accuracy"
     )
     reference = cp1_settings(settings)
-    assert (reference.topology.kind, reference.topology.cp, reference.topology.grid) == ("1d", 1, None)
+    assert (reference.topology.kind, reference.topology.cp, reference.topology.grid) == ("2d", 1, None)
     assert reference.fault.rank is None and not reference.probe.enabled
     assert reference.mode is Mode.accuracy and reference.workflow is settings.workflow
     assert (
