@@ -11,7 +11,8 @@ from conftest import TIMING, cpbench, ok, results
 from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
-from cpbench.launch.baseline import CACHE, cache_key, plan
+from cpbench.launch.baseline import cache_key, plan
+from cpbench.results.folder import RunFolder
 from cpbench.results.row import BASELINE
 from cpbench.settings.schema import register
 
@@ -53,9 +54,9 @@ def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("baseline")
     out = root / "run"
     first = ok(cpbench("topology.cp=2", *RUN, f"output_dir={out}", cwd=root, timeout=300))
-    cache = next((out / CACHE).iterdir())
+    cache = next((out / RunFolder.BASELINE).iterdir())
     stamp = (cache / "results.csv").stat().st_mtime_ns
-    shutil.copytree(out, root / "cp2", ignore=shutil.ignore_patterns(CACHE))
+    shutil.copytree(out, root / "cp2", ignore=shutil.ignore_patterns(RunFolder.BASELINE))
     second = ok(cpbench("topology.cp=4", *RUN, f"output_dir={out}", cwd=root, timeout=300))
     return root, cache, stamp, first, second
 

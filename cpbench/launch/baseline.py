@@ -26,7 +26,6 @@ from cpbench.results.row import BASELINE, point_key
 from cpbench.settings.cp1 import cp1_settings
 from cpbench.settings.schema import BenchConfig, Mode
 
-CACHE = "baseline"
 # Settings that do not change the cp=1 answer: where and how loudly it is written, how it is launched.
 _NOT_IN_KEY = ("output_dir", "log", "launch", "slurm", "baseline", "job")
 
@@ -59,7 +58,7 @@ def cache_key(settings: BenchConfig) -> str:
 def cache_folder(settings: BenchConfig, root: Path) -> RunFolder:
     """Where the baseline of `settings` lives: `<root>/baseline/<key>` (root: the run's output_dir,
     or the sweep folder)."""
-    return RunFolder(Path(root) / CACHE / cache_key(settings))
+    return RunFolder(root).baseline_run(cache_key(settings))
 
 
 def _complete(folder: RunFolder, base: BenchConfig) -> bool:
