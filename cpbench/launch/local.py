@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import multiprocessing
-import os
 import signal
 import sys
 import tempfile
@@ -21,8 +19,6 @@ from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 from cpbench.bench import RunSpec, run_rank
 from cpbench.measure.point import OutOfMemoryAlone
 from cpbench.results.folder import RunFolder
-
-START_METHOD = os.environ.get("CPBENCH_START_METHOD", "forkserver")
 
 
 @dataclass
@@ -97,9 +93,6 @@ def launch_local(spec: RunSpec, nprocs: int, max_restarts: int = 0) -> None:
 
 
 def _launch_once(spec: RunSpec, nprocs: int) -> None:
-    # Each launch's ranks fork from one server process that imported cpbench once; the server never
-    # draws plots or holds this process's threads (a plain fork of the launcher could hang on either).
-    multiprocessing.set_forkserver_preload(["cpbench.bench"])
     log_dir = RunFolder(spec.output_dir).launch_logs
     log_dir.mkdir(parents=True, exist_ok=True)
     config = LaunchConfig(
@@ -111,7 +104,7 @@ def _launch_once(spec: RunSpec, nprocs: int) -> None:
         run_id=str(uuid.uuid4()),
         max_restarts=0,
         monitor_interval=0.1,
-        start_method=START_METHOD,
+        start_method="spawn",
         logs_specs=DefaultLogsSpecs(log_dir=str(log_dir)),
     )
     # The agent logs each failure at length; cpbench reports it in one message instead.
