@@ -8,6 +8,8 @@ from datetime import datetime
 import pytest
 from conftest import TIMING, cpbench, ok, results
 
+from cpbench.results.row import BASELINE
+
 DTENSOR = ["workload=adapter", "workload.module=adapters.dtensor_pair", "topology.kind=2d"]
 GRID = [*DTENSOR, "topology.cp=4"]
 POINTS = ["sweep.n_tokens=[16,32]", "probe.enabled=false", *TIMING]
@@ -18,30 +20,39 @@ BOUNDED = ["dist.agree_timeout_s=5", "dist.timeout_s=900"]
 
 @pytest.fixture(scope="module")
 def inference(tmp_path_factory):
-    """The DTensor module at 2x2, twice with one config, and at one rank."""
+    """The DTensor module at 2x2, twice with one config; the second run with its cp=1 baseline (a 1x1
+    grid of the same (cp0, cp1) mesh), whose rows are the one-rank result."""
     root = tmp_path_factory.mktemp("dtensor")
     runs = {}
-    for name, topology in (("first", GRID), ("again", GRID), ("one", [*DTENSOR, "topology.cp=1"])):
-        ok(cpbench(*topology, *POINTS, f"output_dir={root / name}", cwd=root, timeout=240))
-        runs[name] = results(root / name)
-    return runs
+    for name, extra in (("first", []), ("again", ["baseline=true"])):
+        proc = ok(cpbench(*GRID, *POINTS, *extra, f"output_dir={root / name}", cwd=root, timeout=300))
+        assert "baseline failed" not in proc.stderr
+        frame = results(root / name)
+        runs[name] = frame[frame["source"] != BASELINE].reset_index(drop=True)
+    frame = results(root / "again")
+    runs["one"] = frame[frame["source"] == BASELINE].reset_index(drop=True)
+    return runs, (root / "again" / "cp_benchmark.md").read_text()
 
 
 def test_dtensor_module_runs_unchanged_at_2x2(inference):
-    frame = inference["first"]
+    runs, report = inference
+    frame = runs["first"]
     assert list(frame["status"]) == ["ok", "ok"] and set(frame["grid"]) == {"2x2"}
     assert frame["walltime_ms"].gt(0).all()
     assert frame["comm_ms"].isna().all()  # its collectives bypass cpbench's ledger: blank, not 0
+    assert "Time in collectives is not known at cp=4" in report and "-bound" not in report
 
 
 def test_the_same_config_gives_the_same_checksums(inference):
-    assert list(inference["first"]["checksum"]) == list(inference["again"]["checksum"])
+    runs, _ = inference
+    assert list(runs["first"]["checksum"]) == list(runs["again"]["checksum"])
 
 
 def test_dtensor_checksum_counts_each_value_once(inference):
     """Sharded outputs summed over the 4 ranks equal the one-rank sum (a replica counted once)."""
-    cp4, one = inference["first"]["checksum"], inference["one"]["checksum"]
-    assert cp4.notna().all()
+    runs, _ = inference
+    cp4, one = runs["first"]["checksum"], runs["one"]["checksum"]
+    assert cp4.notna().all() and list(runs["one"]["cp"]) == [1, 1]
     assert list(cp4) == pytest.approx(list(one), rel=1e-6)
 
 

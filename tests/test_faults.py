@@ -70,8 +70,10 @@ def test_out_of_memory_alone_inside_a_step_does_not_fit(tmp_path):
 
 
 def _start(args: list[str], cwd: Path) -> subprocess.Popen:
+    """The run in its own session, with a TMPDIR of its own (cwd/tmp) to find what it leaves there."""
     cmd = [sys.executable, "-m", "cpbench", *BASE, *args]
-    env = {**os.environ, "PYTHONPATH": str(TESTS)}
+    (cwd / "tmp").mkdir(exist_ok=True)
+    env = {**os.environ, "PYTHONPATH": str(TESTS), "TMPDIR": str(cwd / "tmp")}
     return subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)  # fmt: skip
 
@@ -145,7 +147,7 @@ def test_an_interrupt_mid_point_closes_the_run_and_resume_measures_the_point(tmp
     assert json.loads((out / "failure.json").read_text())["exit_code"] == 128 + signum
     before = results(out)
     assert n not in set(before["N_tokens"])
-    assert not list(Path(os.environ.get("TMPDIR", "/tmp")).glob(f"pytorch-errorfile-*{job.pid}*"))
+    assert not list((tmp_path / "tmp").glob("pytorch-errorfile-*"))  # torch's error files stay in logs/
     proc = ok(cpbench(*SLOW, f"output_dir={out}", cwd=tmp_path, timeout=300))
     assert f"N={n} was in flight when the last run stopped" in proc.stderr
     after = results(out)

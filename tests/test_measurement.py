@@ -14,7 +14,7 @@ from conftest import FAST, TIMING, cpbench, ok, results
 
 from cpbench.core import Shape, Topology
 from cpbench.measure.memory import read_peak_gib, release, reset_peak
-from cpbench.measure.point import PointSettings, RankSteps, _summarise, measure_point
+from cpbench.measure.point import PointSettings, RankSteps, _summarise, agree_fits, measure_point
 from cpbench.measure.stats import PointTimes, RepeatTiming, comm_mib_per_step, median_iqr, slowest
 from cpbench.measure.step import StepRunner
 from cpbench.runtime.rank import rank_runtime
@@ -69,13 +69,16 @@ def _summarise_on_rank(rank: int, store: str, out: mp.Queue) -> None:
         first = [30.0, 40.0][rank] * MS
         timed = RankSteps(RANKS[rank], 1.5 * (rank + 1), 2**20 * [4, 6][rank], ops, 0.0, first, 1, None)
         result = _summarise(timed, peak=0.5, control=dist.group.WORLD)
-        out.put((rank, result))
+        # The agreement: a point fits only when it fit on every rank (rank 1 did not, then both did).
+        agreed = (agree_fits(rank == 0, dist.group.WORLD), agree_fits(True, dist.group.WORLD, wait_s=30))
+        out.put((rank, (result, agreed)))
     finally:
         dist.destroy_process_group()
 
 
 def test_summarise_reduces_every_rank_through_the_pure_functions(tmp_path):
-    """The same timings through `_summarise` in a real two-rank gloo group give the same figures."""
+    """The same timings through `_summarise` in a real two-rank gloo group give the same figures; and
+    `agree_fits` there says no when one rank did not fit."""
     spawn = mp.get_context("spawn")
     out = spawn.Queue()
     store = f"file://{tmp_path / 'store'}"
@@ -91,7 +94,8 @@ def test_summarise_reduces_every_rank_through_the_pure_functions(tmp_path):
             p.join(timeout=10)
             if p.is_alive():
                 p.kill()
-    for result in got.values():  # every rank reports the same row
+    for result, agreed in got.values():  # every rank reports the same row and the same agreement
+        assert agreed == (False, True)
         assert result.status == "ok"
         for name, value in vars(EXPECTED).items():
             assert getattr(result, name) == pytest.approx(value), name

@@ -22,10 +22,10 @@ from cpbench.__main__ import _check_runs_of_its_own
 from cpbench.checks.accuracy import check_point, disagreements, tolerance
 from cpbench.checks.repeat import repeat_spread, spread
 from cpbench.core import ConfigError, Shape, Topology
-from cpbench.launch.baseline import CACHE
 from cpbench.measure.point import PointSettings, measure_point
 from cpbench.measure.stats import settled, spread_wide
 from cpbench.measure.step import StepRunner
+from cpbench.results.folder import RunFolder
 from cpbench.runtime.rank import rank_runtime
 from cpbench.settings.cp1 import cp1_settings
 from cpbench.settings.schema import BenchConfig, Mode
@@ -81,7 +81,7 @@ def test_the_reference_is_the_same_config_on_one_rank_and_its_tolerance():
         "topology.kind=2d", "topology.cp=4", "fault.rank=1", "fault.kind=perturb", "mode=accuracy"
     )
     reference = cp1_settings(settings)
-    assert (reference.topology.kind, reference.topology.cp, reference.topology.grid) == ("1d", 1, None)
+    assert (reference.topology.kind, reference.topology.cp, reference.topology.grid) == ("2d", 1, None)
     assert reference.fault.rank is None and not reference.probe.enabled
     assert reference.mode is Mode.accuracy and reference.workflow is settings.workflow
     assert (
@@ -144,7 +144,7 @@ def test_modes_that_launch_runs_of_their_own_refuse_torchrun(monkeypatch):
 
 def _reference(out):
     """The cp=1 reference run's folder: the baseline's, in the run's cache."""
-    (folder,) = (out / CACHE).iterdir()
+    (folder,) = (out / RunFolder.BASELINE).iterdir()
     return folder
 
 

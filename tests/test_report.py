@@ -14,7 +14,7 @@ from conftest import results, run_cmd
 
 from cpbench.report.markdown import readout
 from cpbench.report.merge import collect, merge
-from cpbench.report.plots import MAX_N_PNG, WALLTIME_PNG, write_plots
+from cpbench.report.plots import write_plots
 from cpbench.results.folder import RunFolder
 from cpbench.results.store import append_row
 
@@ -143,16 +143,16 @@ def test_readout_without_probe_or_baseline(sweep):
 def test_plots_are_written_and_not_empty(sweep, tmp_path):
     frame = collect([sweep]).frame
     written = write_plots(frame, tmp_path)
-    assert sorted(written.values()) == sorted([MAX_N_PNG, WALLTIME_PNG])
+    assert sorted(written.values()) == sorted([RunFolder.MAX_N_PLOT, RunFolder.WALLTIME_PLOT])
     # One panel per like-for-like group that has data: max-fit rows only in float32, points in both.
-    for name, panels in ((MAX_N_PNG, 1), (WALLTIME_PNG, 2)):
+    for name, panels in ((RunFolder.MAX_N_PLOT, 1), (RunFolder.WALLTIME_PLOT, 2)):
         image = matplotlib.image.imread(tmp_path / name)
         assert image.shape[0] > 300 and 500 * panels < image.shape[1] < 700 * panels
         assert image[..., :3].std() > 0.05, f"{name} is blank"
     # Without max-fit rows there is no max-N plot, and a stale one from an earlier merge goes.
     points = frame[frame["kind"] == "point"]
-    assert write_plots(points, tmp_path) == {"walltime vs N_tokens per cp": WALLTIME_PNG}
-    assert not (tmp_path / MAX_N_PNG).exists()
+    assert write_plots(points, tmp_path) == {"walltime vs N_tokens per cp": RunFolder.WALLTIME_PLOT}
+    assert not (tmp_path / RunFolder.MAX_N_PLOT).exists()
 
 
 def test_report_cli_and_publish(sweep, tmp_path):
@@ -162,11 +162,14 @@ def test_report_cli_and_publish(sweep, tmp_path):
     assert proc.stdout.split() == [str(sweep / "cp_benchmark.md"), str(docs / "cp_benchmark.md")]
     assert "merged 11 row(s) from 6 run(s)" in proc.stderr and "4_cp8: rank 3 failed" in proc.stderr
     assert sorted(p.name for p in docs.iterdir()) == sorted(
-        ["cp_benchmark.md", "cp_benchmark.csv", MAX_N_PNG, WALLTIME_PNG]
+        ["cp_benchmark.md", "cp_benchmark.csv", RunFolder.MAX_N_PLOT, RunFolder.WALLTIME_PLOT]
     )
     text = (docs / "cp_benchmark.md").read_text()
     assert "every row is in [cp_benchmark.csv](cp_benchmark.csv)" in text
-    assert f"![walltime vs N_tokens per cp]({WALLTIME_PNG})" in text and f"]({MAX_N_PNG})" in text
+    assert (
+        f"![walltime vs N_tokens per cp]({RunFolder.WALLTIME_PLOT})" in text
+        and f"]({RunFolder.MAX_N_PLOT})" in text
+    )
     assert "Hardware: CPU (x86_64, 2 cores), gloo." in text and "stand until GPU results replace them" in text
     assert "## Run metadata" in text and "| torch | 2.13.0+cpu |" in text
     published = pd.read_csv(docs / "cp_benchmark.csv")

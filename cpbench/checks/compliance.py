@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 
 from cpbench.measure.convergence import compare
-from cpbench.report import merge, plots, reference
+from cpbench.report import merge, reference
 from cpbench.report.markdown import _META, NOISY_IQR, noisy
 from cpbench.results.folder import RunFolder
 from cpbench.results.store import read_results
@@ -197,7 +197,7 @@ def rule_convergence(results: Results) -> Verdict:
 def _allowed() -> set[str]:
     """Every name a run or sweep folder may hold: RunFolder's files, the plots, the lock files."""
     names = {v for k, v in vars(RunFolder).items() if k.isupper() and isinstance(v, str)}
-    return names | {plots.MAX_N_PNG, plots.WALLTIME_PNG, ".cpbench-turn.lock", "multirun.yaml"}
+    return names | {RunFolder.MAX_N_PLOT, RunFolder.WALLTIME_PLOT, ".cpbench-turn.lock", "multirun.yaml"}
 
 
 def rule_stray_files(results: Results) -> Verdict:

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from cpbench.core import Tiling
+
 # Residue vocabulary (33 classes): 0 pads, 1 is the MSA gap, then amino acids, RNA and DNA.
 AMINO_ACIDS = (
     "ALA", "ARG", "ASN", "ASP", "CYS", "GLN", "GLU", "GLY", "HIS", "ILE",
@@ -174,9 +176,9 @@ def round_up(value: int, multiple: int) -> int:
     return -(-value // multiple) * multiple
 
 
-def padded_tokens(n_tokens: int, grid: tuple[int, int]) -> int:
-    """N padded so that both pair axes split evenly: a multiple of lcm(rows, cols)."""
-    return round_up(n_tokens, math.lcm(*grid))
+def padded_tokens(n_tokens: int, tiling: Tiling) -> int:
+    """N padded so that both pair axes split evenly: the tiling's multiple."""
+    return round_up(n_tokens, tiling.multiple)
 
 
 def atom_block_size(atoms_per_row_block: np.ndarray, cols: int = 1) -> int:

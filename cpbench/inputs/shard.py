@@ -135,7 +135,7 @@ def build_shard(source: FeatureSource, topology: Topology, coords: tuple[int, in
     """Pad, place and generate one rank's shard; only this rank's ranges are asked of `source`."""
     if source.n_tokens < 1:
         raise ValueError("fold inputs need at least one token")
-    n_padded = padded_tokens(source.n_tokens, topology.grid)
+    n_padded = padded_tokens(source.n_tokens, topology.tiling)
     rows, cols = topology.tiling.block_slices(coords, n_padded)
     n = source.n_tokens
 

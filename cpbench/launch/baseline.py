@@ -4,10 +4,10 @@ so the readout can say how much larger an input CP fits and at what walltime cos
 It runs once per configuration in a cache folder inside the run's `output_dir` (a sweep's: inside the
 sweep folder), `baseline/<key>/`, a run folder of its own, so a run still writes in one place. The key
 hashes every setting that changes the cp=1 answer (workload, workflow, dtype, shapes and sweep, probe,
-timing, memory, seed, ...) and none that does not (topology, output_dir, logging, launch, SLURM). A
-later run at another cp into the same folder, and every job of a CP sweep, reuse it. Its rows are
-copied into the run's results.csv with `source=baseline`. In mode=accuracy it is also the reference
-each point is checked against."""
+timing, memory, seed, the topology's kind, ...) and none that does not (cp and grid, output_dir,
+logging, launch, SLURM). A later run at another cp into the same folder, and every job of a CP sweep,
+reuse it. Its rows are copied into the run's results.csv with `source=baseline`. In mode=accuracy it is
+also the reference each point is checked against."""
 
 from __future__ import annotations
 
@@ -26,9 +26,8 @@ from cpbench.results.row import BASELINE, point_key
 from cpbench.settings.cp1 import cp1_settings
 from cpbench.settings.schema import BenchConfig, Mode
 
-CACHE = "baseline"
 # Settings that do not change the cp=1 answer: where and how loudly it is written, how it is launched.
-_NOT_IN_KEY = ("topology", "output_dir", "log", "launch", "slurm", "baseline", "job")
+_NOT_IN_KEY = ("output_dir", "log", "launch", "slurm", "baseline", "job")
 
 
 def plan(settings: BenchConfig) -> BenchConfig | None:
@@ -59,7 +58,7 @@ def cache_key(settings: BenchConfig) -> str:
 def cache_folder(settings: BenchConfig, root: Path) -> RunFolder:
     """Where the baseline of `settings` lives: `<root>/baseline/<key>` (root: the run's output_dir,
     or the sweep folder)."""
-    return RunFolder(Path(root) / CACHE / cache_key(settings))
+    return RunFolder(root).baseline_run(cache_key(settings))
 
 
 def _complete(folder: RunFolder, base: BenchConfig) -> bool:

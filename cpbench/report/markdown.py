@@ -114,10 +114,12 @@ def _fit_note(row: Any) -> str:
 
 
 def comm_share(frame: pd.DataFrame) -> pd.DataFrame:
-    """Median share of walltime spent in collectives per (topology, cp), over the measured points."""
-    ok = ok_points(frame).assign(
-        share=lambda f: f["comm_ms"].fillna(0).astype(float) / f["walltime_ms"].astype(float)
-    )
+    """Median share of walltime spent in collectives per (topology, cp), over the measured points. One
+    rank has no collectives (a blank is 0); above it a blank is not known, and left out."""
+    ok = ok_points(frame)
+    comm = ok["comm_ms"].astype(float)
+    comm = comm.where(ok["cp"] > 1, comm.fillna(0))
+    ok = ok.assign(share=comm / ok["walltime_ms"].astype(float)).dropna(subset=["share"])
     if ok.empty:
         return pd.DataFrame(columns=["topology", "cp", "share", "points"])
     grouped = ok.groupby(["topology", "cp"], sort=True)["share"]
@@ -171,25 +173,38 @@ def _max_n_sentences(frame: pd.DataFrame) -> list[str]:
 
 
 def _comm_sentences(frame: pd.DataFrame) -> list[str]:
+    ok = ok_points(frame)
+    unseen = sorted(ok.loc[(ok["cp"] > 1) & ok["comm_ms"].isna(), "cp"].unique())
+    note = (
+        [
+            "Time in collectives is not known at "
+            + ", ".join(f"cp={cp}" for cp in unseen)
+            + ": the model's collectives bypass cpbench's ledger (`measure.profile_comm=true` measures "
+            "them with the torch profiler)."
+        ]
+        if unseen
+        else []
+    )
     shares = comm_share(frame)
     if shares.empty:
-        return []
-    top = shares[shares["cp"] == shares["cp"].max()]["share"].max()
-    bound = "communication" if top > BOUND_SHARE else "compute"
+        return note
+    largest = ok["cp"].max()
+    at_largest = shares[shares["cp"] == largest]["share"]
+    bound = None
+    if not at_largest.empty:
+        bound = "communication" if at_largest.max() > BOUND_SHARE else "compute"
     if len(shares) == 1:
         r = shares.iloc[0]
-        return [
-            f"Time in collectives is {r.share:.0%} of walltime (median over {r.points} point(s)): "
-            f"the run is {bound}-bound."
-        ]
+        verdict = f": the run is {bound}-bound." if bound else "."
+        line = f"Time in collectives is {r.share:.0%} of walltime (median over {r.points} point(s))"
+        return [line + verdict, *note]
     several = shares["topology"].nunique() > 1
     parts = [
         f"{r.share:.0%} at cp={r.cp}" + (f" {r.topology}" if several else "") for r in shares.itertuples()
     ]
-    return [
-        "Time in collectives as a share of walltime (median over points): " + ", ".join(parts) + "; "
-        f"at cp={shares['cp'].max()} the run is {bound}-bound."
-    ]
+    verdict = f"; at cp={largest} the run is {bound}-bound." if bound else "."
+    line = "Time in collectives as a share of walltime (median over points): " + ", ".join(parts)
+    return [line + verdict, *note]
 
 
 def _speed_sentences(frame: pd.DataFrame) -> list[str]:

@@ -11,9 +11,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure  # the object API: no pyplot state, no GUI backend
 
 from cpbench.report.markdown import group_label, like_for_like, max_fit, ok_points
-
-MAX_N_PNG = "cp_benchmark_max_n.png"
-WALLTIME_PNG = "cp_benchmark_walltime.png"
+from cpbench.results.folder import RunFolder
 
 
 def _panels(count: int) -> tuple[Figure, list[Axes]]:
@@ -99,15 +97,15 @@ def plot_walltime(frame: pd.DataFrame, path: Path) -> Path | None:
 def write_plots(frame: pd.DataFrame, out_dir: Path) -> dict[str, str]:
     """Write the plots the rows allow, removing any the rows no longer allow (a stale plot beside a
     report would show other data); {alt text: file name} for the report to link."""
-    written = {}
-    for alt, name, plot in (
-        ("max N_tokens vs cp against the sqrt(cp) ideal", MAX_N_PNG, plot_max_n),
-        ("walltime vs N_tokens per cp", WALLTIME_PNG, plot_walltime),
+    written, folder = {}, RunFolder(out_dir)
+    for alt, path, plot in (
+        ("max N_tokens vs cp against the sqrt(cp) ideal", folder.max_n_plot, plot_max_n),
+        ("walltime vs N_tokens per cp", folder.walltime_plot, plot_walltime),
     ):
-        if plot(frame, out_dir / name):
-            written[alt] = name
+        if plot(frame, path):
+            written[alt] = path.name
         else:
-            (out_dir / name).unlink(missing_ok=True)
+            path.unlink(missing_ok=True)
     return written
 
 

@@ -40,6 +40,9 @@ class RunFolder:
     LOGS = "logs"
     CONVERGENCE = "convergence.csv"  # workflow=convergence: loss and gradient norm per step
     CONVERGENCE_PLOT = "convergence.png"
+    MAX_N_PLOT = "cp_benchmark_max_n.png"  # the report's plots (a sweep folder's merged report too)
+    WALLTIME_PLOT = "cp_benchmark_walltime.png"
+    BASELINE = "baseline"  # the cp=1 baseline's run folders, one per configuration: baseline/<key>/
     CHECKPOINTS = "checkpoints"  # one torch.distributed.checkpoint folder per saved step
     MLLOG = "mllog.txt"  # the run in MLPerf's logging format
     SLURM = "slurm"  # submitit's pickles and every task's logs, one folder per job
@@ -106,6 +109,18 @@ class RunFolder:
     @property
     def convergence_plot(self) -> Path:
         return self.root / self.CONVERGENCE_PLOT
+
+    @property
+    def max_n_plot(self) -> Path:
+        return self.root / self.MAX_N_PLOT
+
+    @property
+    def walltime_plot(self) -> Path:
+        return self.root / self.WALLTIME_PLOT
+
+    def baseline_run(self, key: str) -> RunFolder:
+        """The cp=1 baseline's run folder for the configuration hashed to `key`."""
+        return RunFolder(self.root / self.BASELINE / key)
 
     @property
     def checkpoints(self) -> Path:

@@ -24,8 +24,6 @@ class ResultRow:
     # What was measured.
     status: str | None = None  # ok | oom | crashed | error | mismatch (mode=accuracy: differs from cp=1)
     peak_mem_gib: float | None = None  # max over ranks
-    # probe.predict: the fake-tensor estimate of peak_mem_gib (the baseline included, as the measure)
-    predicted_peak_gib: float | None = None
     walltime_ms: float | None = None  # median over repeats of the slowest rank
     walltime_iqr_ms: float | None = None
     tokens_per_s: float | None = None
@@ -37,6 +35,8 @@ class ResultRow:
     backward_ms: float | None = None
     optimizer_ms: float | None = None
     comm_mib_per_step: float | None = None
+    # probe.predict: the fake-tensor estimate of peak_mem_gib (the baseline included, as the measure)
+    predicted_peak_gib: float | None = None
     # The quantities that must not change (mode=accuracy checks them against cp=1): native training's
     # loss (its output, so also the checksum) and, in accuracy mode, the summed gradients' L2 norm.
     loss: float | None = None

@@ -9,11 +9,12 @@ from cpbench.settings.schema import BenchConfig, FaultConfig, Mode, TopologyConf
 
 
 def cp1_settings(settings: BenchConfig) -> BenchConfig:
-    """`settings` on one 1d rank, without a fault, a repeat check or a baseline of its own. In
+    """`settings` on one rank, without a fault, a repeat check or a baseline of its own. In
     mode=accuracy without the probe too: the points are what is checked, and the probe's N are the
     layout's own."""
     one = copy.deepcopy(settings)
-    one.topology = TopologyConfig(kind="1d", cp=1, grid=None)
+    # The run's own kind at one rank (2d: a 1x1 grid): a model that needs a 2d mesh gets one.
+    one.topology = TopologyConfig(kind=settings.topology.kind, cp=1, grid=None)
     one.fault = FaultConfig()
     one.repeat_check = 0
     one.baseline = False

@@ -41,9 +41,7 @@ class FoldCPAdapter:
     def check_topology(self, topology: Topology) -> None:
         """The fold-cp driver hands its hooks a square 2d mesh named (cp0, cp1); nothing else."""
         rows, cols = topology.grid
-        if self.contract is Contract.foldcp and (
-            rows != cols or (topology.kind is TopologyKind.one_d and rows > 1)
-        ):
+        if self.contract is Contract.foldcp and (rows != cols or topology.kind is TopologyKind.one_d):
             raise ConfigError(
                 f"topology.kind={topology.kind} topology.cp={topology.cp}: workload.contract=foldcp needs "
                 "the fold-cp driver's square 2d mesh (cp0, cp1); set topology.kind=2d with cp a square "

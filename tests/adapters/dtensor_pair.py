@@ -50,6 +50,8 @@ class PairMix(torch.nn.Module):
 
 
 def build_model(mesh, device):
+    # The fold-cp driver's mesh: square, its dims named cp0 and cp1 (a KeyError otherwise).
+    assert mesh.mesh_dim_names == ("cp0", "cp1") and mesh["cp0"].size() == mesh["cp1"].size()
     model = PairMix(mesh).to(device)  # the driver has seeded torch: the same weights on every rank
     distribute_module(model, mesh)  # parameters become replicated DTensors
     model.optimizer = torch.optim.SGD(model.parameters(), lr=1e-2)
