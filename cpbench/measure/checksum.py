@@ -12,7 +12,8 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
-from torch.distributed.tensor import DTensor
+
+from cpbench.distributed.dtensor import is_dtensor
 
 _CHUNK = 2**20  # elements
 
@@ -26,7 +27,7 @@ def _sum(tensor: torch.Tensor) -> float:
 
 def local_share(out: Any) -> float | None:
     """This rank's share of the float64 sum of `out`; None when `out` holds no tensor."""
-    if isinstance(out, DTensor):
+    if is_dtensor(out):
         coordinate = out.device_mesh.get_coordinate()
         if coordinate is None:  # this rank is not on the tensor's mesh
             return None

@@ -15,7 +15,6 @@ import torch
 import torch.distributed as dist
 
 from cpbench.core import RankContext, Shape
-from cpbench.measure import checkpoint
 from cpbench.measure.fault import Fault
 from cpbench.measure.step import StepRunner
 from cpbench.results.folder import RunFolder
@@ -55,6 +54,9 @@ def run_convergence(
     Step time is the slowest rank's step alone: building the batch and checkpoints are not in it."""
     if runner.optimizer is None:
         raise RuntimeError("workflow=convergence needs the native contract and trainable parameters")
+    # Imported here: torch.distributed.checkpoint costs about 0.9 s of every process's start-up.
+    from cpbench.measure import checkpoint
+
     lead = ctx.rank == 0
     runner.track_grad_norm = True
     box = [

@@ -10,10 +10,10 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.distributed.tensor import DTensor
 
 from cpbench.core import RankContext
 from cpbench.distributed.comm import all_reduce_sum, op_label
+from cpbench.distributed.dtensor import is_dtensor
 from cpbench.workloads.base import Contract, Workload
 
 
@@ -81,7 +81,7 @@ class StepRunner:
         # A DTensor parameter's gradient belongs to the model: it is complete, or sharded as the model
         # decided; summing it over ranks would be wrong.
         params = [p for p in model.parameters() if p.requires_grad]
-        self.replicated = [p for p in params if not isinstance(p, DTensor)]
+        self.replicated = [p for p in params if not is_dtensor(p)]
         native_train = train and self.contract is Contract.native
         self.optimizer = (
             torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay) if native_train and params else None
@@ -142,7 +142,7 @@ class StepRunner:
         """The L2 norm (float64) of every gradient after the sum over ranks; a DTensor's over its whole
         tensor (a collective: every rank takes the step, so every rank runs it)."""
         grads = [p.grad for p in self.model.parameters() if p.grad is not None]
-        grads = [g.full_tensor() if isinstance(g, DTensor) else g for g in grads]
+        grads = [g.full_tensor() if is_dtensor(g) else g for g in grads]
         return math.sqrt(math.fsum(float(g.double().pow(2).sum()) for g in grads))
 
     @torch.no_grad()

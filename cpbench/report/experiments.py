@@ -8,7 +8,6 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pandas as pd
-from matplotlib.figure import Figure
 
 from cpbench.report.markdown import _cell, _table
 from cpbench.results.folder import RunFolder
@@ -44,6 +43,8 @@ def plot_changes(frame: pd.DataFrame, path: Path) -> Path | None:
     shown = frame[frame["walltime_change_pct"].notna()]
     if shown.empty:
         return None
+    from matplotlib.figure import Figure  # here: matplotlib is start-up time for ranks that never draw
+
     fig = Figure(figsize=(7.0, 1.2 + 0.45 * len(shown)), layout="constrained")
     ax = fig.subplots()
     ys = list(range(len(shown)))[::-1]

@@ -5,16 +5,23 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pandas as pd
-from matplotlib.axes import Axes
-from matplotlib.figure import Figure  # the object API: no pyplot state, no GUI backend
 
 from cpbench.report.markdown import group_label, like_for_like, max_fit, ok_points
 from cpbench.results.folder import RunFolder
 
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
 
 def _panels(count: int) -> tuple[Figure, list[Axes]]:
+    # Imported here: matplotlib costs about 0.3 s of the start-up of every rank, which never draws.
+    # The object API: no pyplot state, no GUI backend.
+    from matplotlib.figure import Figure
+
     fig = Figure(figsize=(6.0 * count, 4.2), layout="constrained")
     return fig, list(fig.subplots(1, count, squeeze=False)[0])
 
