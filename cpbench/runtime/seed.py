@@ -26,4 +26,7 @@ def deterministic(on: bool) -> None:
     differently); mode=speed: off, as they cost speed. Call before CUDA initialises."""
     if on:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE_CONFIG)
-    torch.use_deterministic_algorithms(on)
+    # Only a change is set: the call imports torch's compiler stack (about 1.5 s of every process's
+    # start-up), and off is torch's default.
+    if torch.are_deterministic_algorithms_enabled() != on:
+        torch.use_deterministic_algorithms(on)
