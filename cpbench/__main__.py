@@ -373,8 +373,8 @@ def _interrupted(folder: RunFolder, cp: int, stop: BaseException) -> int:
     where = _in_flight(folder)
     folder.in_flight.interrupt()
     ProbeState(folder).interrupt()
-    where = where or ("between points" if folder.results.exists() else "start-up")
-    line = f"interrupted at {where}; run the same command to resume"
+    where = f"at {where}" if where else ("between points" if folder.results.exists() else "at start-up")
+    line = f"interrupted {where}; run the same command to resume"
     close_failed(folder, cp, "interrupted", line, 128 + signum)
     print(f"cpbench: {line}", file=sys.stderr)
     return 128 + signum

@@ -99,6 +99,9 @@ def _in_flight(out: Path) -> dict | None:
 # Enough points that a run is still busy when the test acts on it.
 SLOW = ["topology.cp=2", "sweep.n_tokens=[16,32,64,96,128,160,192,224,256]", "timing.warmup=1",
         "timing.repeats=20", "timing.warmup_max=1", "log.progress=false", "probe.enabled=false"]  # fmt: skip
+# A quick point, then one of about 2.6 s (21 steps of 125 ms here): a signal sent while it is in flight
+# lands inside it, not in the moment between two points.
+LONG_POINT = [*SLOW, "sweep.n_tokens=[16,512]"]
 
 
 def test_a_second_run_into_the_same_folder_is_refused_and_the_first_keeps_every_row(tmp_path):
@@ -124,7 +127,7 @@ def test_a_second_run_into_the_same_folder_is_refused_and_the_first_keeps_every_
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_an_interrupt_mid_point_closes_the_run_and_resume_measures_the_point(tmp_path, signum):
     out = tmp_path / "out"
-    job = _start([*SLOW, f"output_dir={out}"], tmp_path)
+    job = _start([*LONG_POINT, f"output_dir={out}"], tmp_path)
     try:
         _wait_for(lambda: out.joinpath("results.csv").exists() and _in_flight(out), "a point after one", job)
         if signum == signal.SIGINT:
@@ -148,10 +151,10 @@ def test_an_interrupt_mid_point_closes_the_run_and_resume_measures_the_point(tmp
     before = results(out)
     assert n not in set(before["N_tokens"])
     assert not list((tmp_path / "tmp").glob("pytorch-errorfile-*"))  # torch's error files stay in logs/
-    proc = ok(cpbench(*SLOW, f"output_dir={out}", cwd=tmp_path, timeout=300))
+    proc = ok(cpbench(*LONG_POINT, f"output_dir={out}", cwd=tmp_path, timeout=300))
     assert f"N={n} was in flight when the last run stopped" in proc.stderr
     after = results(out)
-    assert len(after) == 9 and after["N_tokens"].is_unique and set(after["status"]) == {"ok"}
+    assert list(after["N_tokens"]) == [16, 512] and set(after["status"]) == {"ok"}
     assert not (out / "failure.json").exists()
 
 
