@@ -28,8 +28,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from cpbench.core import RankContext, Shape, Topology
 from cpbench.probe.search import align_down, align_up
-from cpbench.runtime.mesh import build_mesh
-from cpbench.runtime.rank import pick_backend
+from cpbench.runtime.rank import joined_context, pick_backend
 from cpbench.runtime.seed import seed_all
 from cpbench.settings.schema import BenchConfig, Workflow
 from cpbench.sweep import resolve_shape
@@ -151,19 +150,7 @@ def _fake_rank(topology: Topology, rank: int, dtype: torch.dtype, seed: int) -> 
         raise RuntimeError("probe.predict: a process group is already running in this process")
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=topology.cp)
     try:
-        mesh, coords, (row_peers, col_peers) = build_mesh(topology, "cpu")
-        yield RankContext(
-            rank=rank,
-            world_size=topology.cp,
-            device=torch.device("cpu"),
-            mesh=mesh,
-            topology=topology,
-            dtype=dtype,
-            seed=seed,
-            coords=coords,
-            row_peers=row_peers,
-            col_peers=col_peers,
-        )
+        yield joined_context(topology, torch.device("cpu"), dtype, seed)
     finally:
         dist.destroy_process_group()
 

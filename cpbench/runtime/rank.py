@@ -43,18 +43,24 @@ def rank_runtime(
         kwargs["device_id"] = device
     dist.init_process_group(**kwargs)
     try:
-        mesh, coords, (row_peers, col_peers) = build_mesh(topology, device.type)
-        yield RankContext(
-            rank=rank,
-            world_size=world_size,
-            device=device,
-            mesh=mesh,
-            topology=topology,
-            dtype=dtype,
-            seed=seed,
-            coords=coords,
-            row_peers=row_peers,
-            col_peers=col_peers,
-        )
+        yield joined_context(topology, device, dtype, seed)
     finally:
         dist.destroy_process_group()
+
+
+def joined_context(topology: Topology, device: torch.device, dtype: torch.dtype, seed: int) -> RankContext:
+    """This rank's context once its process group is up (real, or probe.predict's fake one): the mesh
+    and its row and column peers."""
+    mesh, coords, (row_peers, col_peers) = build_mesh(topology, device.type)
+    return RankContext(
+        rank=dist.get_rank(),
+        world_size=dist.get_world_size(),
+        device=device,
+        mesh=mesh,
+        topology=topology,
+        dtype=dtype,
+        seed=seed,
+        coords=coords,
+        row_peers=row_peers,
+        col_peers=col_peers,
+    )
