@@ -129,7 +129,8 @@ def test_an_interrupt_mid_point_closes_the_run_and_resume_measures_the_point(tmp
     out = tmp_path / "out"
     job = _start([*LONG_POINT, f"output_dir={out}"], tmp_path)
     try:
-        _wait_for(lambda: out.joinpath("results.csv").exists() and _in_flight(out), "a point after one", job)
+        # The long point itself (not the moment the first one's row is written and its flag not yet cleared).
+        _wait_for(lambda: (_in_flight(out) or {}).get("N_tokens") == 512, "the long point in flight", job)
         if signum == signal.SIGINT:
             os.killpg(job.pid, signal.SIGINT)  # Ctrl-C: the terminal signals the whole group
         else:
