@@ -439,6 +439,7 @@ class Bench:
             tried = {t.n for t in state.trials}
             state.add_points([t for t in self._point_trials() if t.n not in tried])
         trials = list(_broadcast(state.trials if state else None, self.control))
+        self._calibrate(trials)
         search = self._search()
         one_step = self.point_settings.single_step()
 
@@ -467,6 +468,26 @@ class Bench:
             answer = dataclasses.replace(row, **max_fit_row(best, fail)).as_dict()
             self.folder.in_flight.finish(answer)
             self.mllog.event(MAX_FIT, answer["N_tokens"], metadata=answer)
+
+    def _calibrate(self, trials: list[Trial]) -> None:
+        """probe.predict: the largest walltime point that fit measured what the trace cannot see (the
+        process, workspaces); every estimate adds it and the proposal moves with it (docs/probe.md)."""
+        points = [t for t in trials if t.point and t.fits and t.peak_gib is not None]
+        if self.prediction is None or not points or self.prediction.calibrated_at is not None:
+            return
+        top = max(points, key=lambda t: t.n)
+        budget = self.point_settings.budget
+        over_baseline = top.peak_gib - (budget.baseline_gib if budget else 0.0)
+        measured = _broadcast(over_baseline, self.control)  # rank 0's baseline, as the rows count it
+        was = self.prediction.proposal
+        self.prediction = self.prediction.calibrated(top.n, measured, self.ctx.topology.tiling.multiple)
+        if self.lead:
+            self.folder.write_json(self.folder.prediction, self.prediction.as_json())
+            LOG.info(
+                "probe.predict: at N=%d the real peak was %+.1f MiB beside the estimate (memory the trace "
+                "does not see); every estimate adds it: proposal N=%s (was %s)",
+                top.n, self.prediction.missed_gib * 1024, self.prediction.proposal, was,
+            )  # fmt: skip
 
     def _point_trials(self) -> list[Trial]:
         """This configuration's walltime points that fit or ran out of memory, at the probe's shapes."""

@@ -61,6 +61,18 @@ def test_the_proposal_is_the_largest_traced_n_within_the_budget():
     assert p.ranks == (0, 1, 3)
 
 
+def test_calibration_adds_what_a_real_step_held_beyond_its_trace():
+    traces = [predict.Estimate(n, 0.01 * (n / 64) ** 2) for n in (64, 128, 256)]  # peak = 0.01 (N/64)^2
+    raw = predict.Prediction(traces, budget_gib=0.1, proposal=192, ranks=(0,))
+    calibrated = raw.calibrated(64, 0.03, 32)  # the real step at N=64 held 0.02 GiB more than its trace
+    assert calibrated.missed_gib == pytest.approx(0.02) and calibrated.calibrated_at == 64
+    assert calibrated.at(128) == pytest.approx(0.06) and calibrated.at(96) == pytest.approx(0.0425)
+    # 0.01 (N/64)^2 <= 0.1 - 0.02 up to N = 64 sqrt(8) = 181: 160 on a grid of 32
+    assert calibrated.proposal == 160 and raw.proposal == 192 and raw.at(128) == pytest.approx(0.04)
+    assert raw.calibrated(64, 0.0, 32).proposal == 192  # a trace that held more than the step: N grows
+    assert raw.calibrated(64, 0.5, 32).proposal is None  # nothing fits: the plain probe takes over
+
+
 @torch.library.custom_op("cpbench_test::opaque", mutates_args=())
 def _opaque(x: torch.Tensor) -> torch.Tensor:
     return x.clone()  # a custom kernel with no fake implementation
@@ -138,6 +150,17 @@ def test_a_predicted_probe_records_predicted_beside_measured(guided_run):
     steps = trials[~trials["point"]]  # the walltime point at N=64 is a trial the probe did not step
     assert steps["N_tokens"].iloc[0] == prediction["proposal"] and steps["guided"].iloc[0]
     assert steps["predicted_peak_gib"].notna().all() and trials["max_peak_gib"].notna().all()
+    # The walltime point at N=64 calibrated the estimate: its miss is added to every later estimate.
+    assert prediction["calibration"]["N_tokens"] == 64
+    missed = prediction["calibration"]["missed_gib"]
+    point = results(out).query("kind == 'point' and N_tokens == 64").iloc[0]
+    assert point["predicted_peak_gib"] + missed == pytest.approx(point["peak_mem_gib"], abs=1e-9)
+    traces = prediction["estimates"]
+    raw = predict.Prediction([predict.Estimate(e["N_tokens"], e["peak_gib"]) for e in traces])
+    baseline = point["predicted_peak_gib"] - raw.at(64)
+    for step in steps.itertuples():
+        assert step.predicted_peak_gib == pytest.approx(raw.at(step.N_tokens) + missed + baseline, abs=1e-9)
+    assert "probe.predict: at N=64 the real peak was" in proc.stderr
     rows = results(out)
     assert rows["predicted_peak_gib"].notna().all()
     assert "fake-tensor estimate" in (out / "cp_benchmark.md").read_text()

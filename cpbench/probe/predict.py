@@ -15,7 +15,7 @@ import math
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
@@ -64,6 +64,10 @@ class Prediction:
     budget_gib: float | None = None
     proposal: int | None = None
     ranks: tuple[int, ...] = ()  # the ranks traced, one per distinct role on the grid
+    # What a real step at N held beyond its trace (the process, workspaces: see ASSUMPTIONS), added
+    # to every estimate once the run has measured it (`calibrated`).
+    missed_gib: float = 0.0
+    calibrated_at: int | None = None
 
     def as_json(self) -> dict:
         return {
@@ -71,20 +75,32 @@ class Prediction:
             "proposal": self.proposal,
             "ranks": list(self.ranks),
             "estimates": [{"N_tokens": e.n, "peak_gib": e.peak_gib} for e in self.estimates],
+            "calibration": {"N_tokens": self.calibrated_at, "missed_gib": self.missed_gib},
             "assumes": ASSUMPTIONS,
         }
 
     def at(self, n: int) -> float | None:
-        """The predicted peak at N: the traced one, else the quadratic through the nearest three."""
+        """The predicted peak at N: the traced one, else the quadratic through the nearest three
+        (plus what a real step was measured to hold beyond its trace, once calibrated)."""
         points = sorted({e.n: e.peak_gib for e in self.estimates}.items())
         if not points:
             return None
         exact = dict(points)
         if n in exact:
-            return exact[n]
+            return exact[n] + self.missed_gib
         near = sorted(points, key=lambda p: abs(p[0] - n))[:3]
         xs, ys = (np.array(v, dtype=float) for v in zip(*near, strict=True))
-        return float(np.poly1d(np.polyfit(xs, ys, deg=len(near) - 1))(n))
+        return float(np.poly1d(np.polyfit(xs, ys, deg=len(near) - 1))(n)) + self.missed_gib
+
+    def calibrated(self, n: int, measured_gib: float, multiple: int) -> Prediction:
+        """This prediction once a real step at N measured `measured_gib` (over the start-up baseline):
+        the difference, memory the trace cannot see, is added to every estimate, and the proposal
+        moves to where the shifted curve crosses the budget (between the traces: no new trace)."""
+        missed = measured_gib - (self.at(n) - self.missed_gib)
+        proposal = self.proposal
+        if self.budget_gib is not None:
+            proposal = _proposal_within(self.estimates, self.budget_gib - missed, multiple)
+        return replace(self, proposal=proposal, missed_gib=missed, calibrated_at=n)
 
 
 ASSUMPTIONS = (
@@ -252,7 +268,7 @@ def predict(
     lo = max(e.n for e in fits)
     over = [e.n for e in prediction.estimates if e.peak_gib > budget_gib]
     hi = min(over) if over else None
-    guess = _crossing(prediction, budget_gib, m, lo)
+    guess = _crossing(prediction.estimates, budget_gib, m, lo)
     if guess is None or guess <= lo or (hi is not None and guess >= hi):
         prediction.proposal = lo
         return prediction
@@ -265,10 +281,21 @@ def predict(
     return prediction
 
 
-def _crossing(prediction: Prediction, budget_gib: float, m: int, lo: int) -> int | None:
+def _proposal_within(estimates: list[Estimate], budget_gib: float, m: int) -> int | None:
+    """The largest N the traces put within the budget: the largest trace that fits, or above it the
+    crossing of the quadratic through the three largest traces, below the smallest trace over it."""
+    fits = [e.n for e in estimates if e.peak_gib <= budget_gib]
+    if not fits:
+        return None
+    lo, over = max(fits), [e.n for e in estimates if e.peak_gib > budget_gib]
+    guess = _crossing(estimates, budget_gib, m, lo)
+    return guess if guess is not None and (not over or guess < min(over)) else lo
+
+
+def _crossing(estimates: list[Estimate], budget_gib: float, m: int, lo: int) -> int | None:
     """Where the quadratic through the three largest traces first crosses the budget above the
     largest trace that fits (`lo`), rounded down to m."""
-    points = sorted({e.n: e.peak_gib for e in prediction.estimates}.items())[-3:]
+    points = sorted({e.n: e.peak_gib for e in estimates}.items())[-3:]
     if len(points) < 2:
         return None
     xs, ys = (np.array(v, dtype=float) for v in zip(*points, strict=True))
