@@ -80,9 +80,15 @@ def test_the_repeats_rule_alone_sees_repeats():
     assert rule_repeats(Results([])).status == "n/a"
 
 
-def _run(name: str, checksum: float) -> Run:
-    row = {"kind": "point", "status": "ok", "config_hash": "abc", "N_tokens": 16, "N_atoms": 144,
-           "MSA_depth": 16, "checksum": checksum}  # fmt: skip
+def test_a_baseline_row_is_not_a_repeat_of_the_cp_row():
+    """A run's cp=1 baseline rows carry its config hash; the same N at cp=2 sums in another order."""
+    run = pd.concat([_run("r", 1176.8678, cp=1).frame, _run("r", 1176.8694, cp=2).frame])
+    assert rule_same_answer(Results([Run("r", run, {}, None)])).status == "n/a"
+
+
+def _run(name: str, checksum: float, cp: int = 2) -> Run:
+    row = {"kind": "point", "status": "ok", "config_hash": "abc", "topology": "1d", "cp": cp, "N_tokens": 16,
+           "N_atoms": 144, "MSA_depth": 16, "checksum": checksum}  # fmt: skip
     return Run(name, pd.DataFrame([row]), {}, None)
 
 

@@ -161,7 +161,9 @@ def rule_same_answer(results: Results) -> Verdict:
     frame = _timed(pd.concat(rows, ignore_index=True)) if rows else pd.DataFrame()
     if frame.empty or "checksum" not in frame.columns:
         return Verdict(rule, "n/a", "no repeated run")
-    key = ["config_hash", "N_tokens", "N_atoms", "MSA_depth"]
+    # A run's cp=1 baseline rows carry the run's config hash: the topology tells them apart.
+    identity = ("config_hash", "topology", "cp", "grid", "N_tokens", "N_atoms", "MSA_depth")
+    key = [c for c in identity if c in frame]
     groups = [g for _, g in frame.dropna(subset=["checksum"]).groupby(key) if len(g) > 1]
     if not groups:
         return Verdict(rule, "n/a", "no point measured twice under one configuration")
