@@ -46,15 +46,38 @@ def attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, mask_bias: torch.Tensor
 ) -> torch.Tensor:
     """The normalised output [..., H, Q, d] when every key is here: one fused softmax, the same math
-    as `finish(attention_partial(...))` with no running max or sum to keep for the backward.
-    Without autograd the softmax runs in place, so logits and weights are never both alive."""
-    logits = _logits(q, k, bias, mask_bias)
-    if logits.requires_grad:
-        p = torch.softmax(logits, dim=-1)
-    else:
-        p = logits.sub_(logits.amax(dim=-1, keepdim=True)).exp_()
-        p = p.div_(p.sum(dim=-1, keepdim=True))
+    as `finish(attention_partial(...))` with no running max or sum to keep for the backward."""
+    p = softmax_(_logits(q, k, bias, mask_bias))
     return torch.matmul(p.to(v.dtype), v.movedim(-2, -3)).float()
+
+
+def softmax_(logits: torch.Tensor) -> torch.Tensor:
+    """Softmax over the last dim written over the logits (which nothing else keeps), and, under
+    autograd, its backward written over the incoming gradient: the N^3 H / P logits, weights and
+    their two gradients then share two buffers, not four. Each fresh buffer of that size costs its
+    page faults as well as its memory. The same kernels as torch.softmax, so the same round-off."""
+    if torch.compiler.is_compiling():  # the compiler fuses and plans buffers itself
+        return torch.softmax(logits, dim=-1)
+    if logits.requires_grad:
+        return _InPlaceSoftmax.apply(logits)
+    return torch.ops.aten._softmax.out(logits, -1, False, out=logits)
+
+
+class _InPlaceSoftmax(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, logits: torch.Tensor) -> torch.Tensor:
+        p = torch.ops.aten._softmax.out(logits, -1, False, out=logits)
+        ctx.mark_dirty(logits)
+        ctx.save_for_backward(p)
+        return p
+
+    @staticmethod
+    def backward(ctx, dp: torch.Tensor) -> torch.Tensor:
+        (p,) = ctx.saved_tensors
+        # The incoming gradient is a fresh product that only this node reads; a broadcast or
+        # strided one (not from this block) gets a buffer of its own.
+        out = dp if dp.is_contiguous() and dp.shape == p.shape else torch.empty_like(p)
+        return torch.ops.aten._softmax_backward_data.out(dp, p, -1, p.dtype, grad_input=out)
 
 
 def attention_partial(
