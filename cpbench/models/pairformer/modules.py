@@ -154,7 +154,7 @@ class Transition(nn.Module):
 
     def _run(self, x: torch.Tensor) -> torch.Tensor:
         x = self.norm(x)
-        return self.out(F.silu(self.a(x)) * self.b(x))
+        return self.out(ops.swiglu(self.a(x), self.b(x)))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         slices = _chunks(x.shape[0], self.chunk_size)
