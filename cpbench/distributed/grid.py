@@ -97,6 +97,14 @@ class Grid:
         )
 
 
+def row_slice(x: torch.Tensor, start: int, stop: int, dim: int = 0) -> torch.Tensor:
+    """x[start:stop] along dim, or x itself when that is all of it: a full slice would still cost
+    a zero-filled copy of x in the backward (slice_backward)."""
+    if start == 0 and stop == x.shape[dim]:
+        return x
+    return x.narrow(dim, start, stop - start)
+
+
 def fetch_rows(x: torch.Tensor, rows: range, grid: Grid, n: int) -> list[tuple[range, torch.Tensor]]:
     """Rows `rows` of my column block, X[rows, C_c], as (global row range, piece) pairs in row order.
 
@@ -111,7 +119,7 @@ def fetch_rows(x: torch.Tensor, rows: range, grid: Grid, n: int) -> list[tuple[r
         if not len(part):
             continue
         if grid.col_group is None:
-            pieces.append((part, x[part.start - block.start : part.stop - block.start]))
+            pieces.append((part, row_slice(x, part.start - block.start, part.stop - block.start)))
             continue
         mine = x[part.start - block.start : part.stop - block.start] if owner == grid.r else x[: len(part)]
         pieces.append((part, broadcast(mine, grid.ranks[owner][grid.c], grid.col_group)))

@@ -10,7 +10,6 @@ neighbouring atoms, window by window.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from cpbench.distributed.comm import op_label
@@ -52,7 +51,7 @@ class ConditionedTransition(nn.Module):
 
     def forward(self, a: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
         x = self.adaln(a, s)
-        return torch.sigmoid(self.gate(s)) * self.out(F.silu(self.a(x)) * self.b(x))
+        return torch.sigmoid(self.gate(s)) * self.out(ops.swiglu(self.a(x), self.b(x)))
 
 
 class ConditionedAttention(nn.Module):

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from cpbench.distributed.grid import row_slice
 from cpbench.models.pairformer import ops
 from cpbench.models.pairformer.layout import PairLayout
 
@@ -32,9 +33,9 @@ def _chunks(length: int, chunk_size: int | None) -> list[slice]:
 
 
 def _rows(x: torch.Tensor, rows: slice) -> torch.Tensor:
-    """x[rows], or x itself for all rows: a full slice would still cost a zero-filled copy in the
-    backward (slice_backward), the size of x, per call."""
-    return x if rows == slice(None) else x[rows]
+    """x[rows] of a chunk slice, without a slice when it covers all of x (see `row_slice`)."""
+    start, stop, _ = rows.indices(x.shape[0])
+    return row_slice(x, start, stop)
 
 
 class TriangleMultiplication(nn.Module):
@@ -126,7 +127,7 @@ class TriangleAttention(nn.Module):
         state = None
         for keys, x_keys in layout.key_blocks(x, n):
             for sub, bias in layout.fetch_rows(bias_t, keys, n):
-                k, v = self._kv(x_keys[:, sub.start - keys.start : sub.stop - keys.start])
+                k, v = self._kv(row_slice(x_keys, sub.start - keys.start, sub.stop - keys.start, dim=1))
                 mask_bias = ops.MASK_BIAS * (row_keep * mask[None, sub.start : sub.stop] - 1)
                 bias = bias.permute(2, 1, 0).contiguous()  # [h, j, k]: read once per query row i
                 args = [(_rows(q, i), _rows(k, i), _rows(v, i), bias, _rows(mask_bias, i)[:, None, None, :])
@@ -153,7 +154,7 @@ class Transition(nn.Module):
 
     def _run(self, x: torch.Tensor) -> torch.Tensor:
         x = self.norm(x)
-        return self.out(F.silu(self.a(x)) * self.b(x))
+        return self.out(ops.swiglu(self.a(x), self.b(x)))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         slices = _chunks(x.shape[0], self.chunk_size)

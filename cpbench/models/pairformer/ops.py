@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import torch
+import torch.nn.functional as F
 
 MASK_BIAS = 1e9  # added (negated) to the logits of masked keys, as AlphaFold does
 
@@ -46,15 +47,42 @@ def attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, mask_bias: torch.Tensor
 ) -> torch.Tensor:
     """The normalised output [..., H, Q, d] when every key is here: one fused softmax, the same math
-    as `finish(attention_partial(...))` with no running max or sum to keep for the backward.
-    Without autograd the softmax runs in place, so logits and weights are never both alive."""
-    logits = _logits(q, k, bias, mask_bias)
-    if logits.requires_grad:
-        p = torch.softmax(logits, dim=-1)
-    else:
-        p = logits.sub_(logits.amax(dim=-1, keepdim=True)).exp_()
-        p = p.div_(p.sum(dim=-1, keepdim=True))
+    as `finish(attention_partial(...))` with no running max or sum to keep for the backward."""
+    p = softmax_(_logits(q, k, bias, mask_bias))
     return torch.matmul(p.to(v.dtype), v.movedim(-2, -3)).float()
+
+
+def softmax_(logits: torch.Tensor) -> torch.Tensor:
+    """Softmax over the last dim written over the logits (which nothing else keeps), and, under
+    autograd, its backward written over the incoming gradient: the N^3 H / P logits, weights and
+    their two gradients then share two buffers, not four. Each fresh buffer of that size costs its
+    page faults as well as its memory. The same kernels as torch.softmax, so the same round-off."""
+    if torch.compiler.is_compiling():  # the compiler fuses and plans buffers itself
+        return torch.softmax(logits, dim=-1)
+    if logits.requires_grad:
+        return _InPlaceSoftmax.apply(logits)
+    return torch.ops.aten._softmax.out(logits, -1, False, out=logits)
+
+
+class _InPlaceSoftmax(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, logits: torch.Tensor) -> torch.Tensor:
+        p = torch.ops.aten._softmax.out(logits, -1, False, out=logits)
+        ctx.mark_dirty(logits)
+        ctx.save_for_backward(p)
+        return p
+
+    @staticmethod
+    def backward(ctx, dp: torch.Tensor) -> torch.Tensor:
+        (p,) = ctx.saved_tensors
+        return torch.ops.aten._softmax_backward_data.out(dp, p, -1, p.dtype, grad_input=_writable_like(dp, p))
+
+
+def _writable_like(grad: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """The buffer a backward may write its result into: the incoming gradient itself when it is a
+    fresh contiguous product that only this node reads (as the attention matmul's is), else a new
+    one (a broadcast gradient, say)."""
+    return grad if grad.is_contiguous() and grad.shape == like.shape else torch.empty_like(like)
 
 
 def attention_partial(
@@ -66,9 +94,57 @@ def attention_partial(
     """
     logits = _logits(q, k, bias, mask_bias)
     m = logits.amax(dim=-1, keepdim=True).detach()
-    p = logits.sub_(m).exp_()  # in place: only exp's output is kept for the backward
+    p, l = shifted_exp_(logits, m)  # noqa: E741
     o = torch.matmul(p.to(v.dtype), v.movedim(-2, -3)).float()
-    return Partial(o, p.sum(dim=-1, keepdim=True), m)
+    return Partial(o, l, m)
+
+
+def shifted_exp_(logits: torch.Tensor, m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """p = exp(logits - m) written over the logits, and l = sum_k p; m is a constant shift. Under
+    autograd the backward writes over p's incoming gradient, as `softmax_` does."""
+    if logits.requires_grad and not torch.compiler.is_compiling():
+        return _InPlaceShiftedExp.apply(logits, m)
+    p = logits.sub_(m).exp_()  # in place: only exp's output is kept for the backward
+    return p, p.sum(dim=-1, keepdim=True)
+
+
+class _InPlaceShiftedExp(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, logits: torch.Tensor, m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        p = logits.sub_(m).exp_()
+        ctx.mark_dirty(logits)
+        ctx.save_for_backward(p)
+        return p, p.sum(dim=-1, keepdim=True)
+
+    @staticmethod
+    def backward(ctx, dp: torch.Tensor, dl: torch.Tensor) -> tuple[torch.Tensor, None]:
+        (p,) = ctx.saved_tensors
+        out = _writable_like(dp, p)
+        return torch.add(dp, dl, out=out).mul_(p), None
+
+
+def swiglu(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """silu(a) * b, keeping only a and b for the backward (autograd would also keep silu(a), one
+    more hidden-width tensor: the transitions' hidden width is 4 c, so that is 4 c per pair)."""
+    if not (a.requires_grad or b.requires_grad) or torch.compiler.is_compiling():
+        return F.silu(a) * b
+    return _SwiGLU.apply(a, b)
+
+
+class _SwiGLU(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(a, b)
+        return F.silu(a).mul_(b)
+
+    @staticmethod
+    def backward(ctx, dh: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        a, b = ctx.saved_tensors
+        db = F.silu(a).mul_(dh)
+        # dh * b, then times silu'(a) by aten's own silu backward, both written over the incoming
+        # gradient: one new hidden-width buffer in this backward, not three
+        g = torch.mul(dh, b, out=_writable_like(dh, a))
+        return torch.ops.aten.silu_backward.grad_input(g, a, grad_input=g), db
 
 
 def merge(x: Partial, y: Partial) -> Partial:
