@@ -439,8 +439,11 @@ class Bench:
             tried = {t.n for t in state.trials}
             state.add_points([t for t in self._point_trials() if t.n not in tried])
         trials = list(_broadcast(state.trials if state else None, self.control))
-        self._calibrate(trials)
-        search = self._search()
+
+        def search() -> SearchConfig:  # before each step: the estimate calibrated by the largest fit so far
+            self._calibrate(trials)
+            return self._search()
+
         one_step = self.point_settings.single_step()
 
         steps = itertools.count(len(trials) + 1)
@@ -470,12 +473,15 @@ class Bench:
             self.mllog.event(MAX_FIT, answer["N_tokens"], metadata=answer)
 
     def _calibrate(self, trials: list[Trial]) -> None:
-        """probe.predict: the largest walltime point that fit measured what the trace cannot see (the
-        process, workspaces); every estimate adds it and the proposal moves with it (docs/probe.md)."""
-        points = [t for t in trials if t.point and t.fits and t.peak_gib is not None]
-        if self.prediction is None or not points or self.prediction.calibrated_at is not None:
+        """probe.predict: the largest step that fit at the probe's shape (a walltime point or a probe
+        step) measured what the trace cannot see (the process, workspaces); every estimate adds it and
+        the proposal moves with it, again whenever a larger step fits (docs/probe.md)."""
+        fits = [t for t in trials if t.fits and t.peak_gib is not None]
+        if self.prediction is None or not fits:
             return
-        top = max(points, key=lambda t: t.n)
+        top = max(fits, key=lambda t: t.n)
+        if top.n == self.prediction.calibrated_at:
+            return
         budget = self.point_settings.budget
         over_baseline = top.peak_gib - (budget.baseline_gib if budget else 0.0)
         measured = _broadcast(over_baseline, self.control)  # rank 0's baseline, as the rows count it
@@ -525,6 +531,7 @@ class Bench:
         if warmed:
             ps = replace(ps, warmup=max(0, ps.warmup - 2))
         result = self._measure(shape, ps)
+        self.done.add(row.key)  # the probe's answer at a point's N reuses its row
         if result.status == "ok" and (self.largest is None or shape.n_tokens >= self.largest[0].n_tokens):
             self.largest = (shape, result)
         if self.lead:

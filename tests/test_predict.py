@@ -112,23 +112,28 @@ def test_settings_are_checked():
         validate(settings)
 
 
-def _confirm_run(edge: int, predicted: int) -> list[Trial]:
+def _confirm_run(edge: int, predicted: int, points: tuple[int, ...] = ()) -> list[Trial]:
+    """The probe's steps, after walltime points at `points` (trials it did not step)."""
     cfg = SearchConfig(start=64, granularity=32, multiple=2, budget_gib=1.0, predicted=predicted)
-    trials: list[Trial] = []
+    trials = [Trial(n=n, fits=n <= edge, status="ok" if n <= edge else "oom", point=True) for n in points]
     while (p := next_trial(cfg, trials)) is not None:
         trials.append(Trial(n=p.n, fits=p.n <= edge, status="ok" if p.n <= edge else "oom", guided=p.guided))
-    return trials
+    return [t for t in trials if not t.point]
 
 
-@pytest.mark.parametrize(("edge", "predicted", "steps"), [(500, 490, 2), (500, 510, 2), (500, 300, None)])
-def test_a_predicted_search_confirms_in_two_steps_when_the_prediction_holds(edge, predicted, steps):
-    trials = _confirm_run(edge, predicted)
+@pytest.mark.parametrize(
+    ("edge", "predicted", "points", "steps"),
+    [(500, 490, (), 2), (500, 510, (), 2), (500, 510, (64,), 2), (500, 490, (64, 1024), 2),
+     (500, 300, (), None), (500, 700, (64,), None)],
+)  # fmt: skip
+def test_a_predicted_search_confirms_in_two_steps_when_the_prediction_holds(edge, predicted, points, steps):
+    trials = _confirm_run(edge, predicted, points)
     best, fail = bounds(trials)
     assert best.n <= edge < fail.n and fail.n - best.n <= 32
     assert trials[0].n == predicted and trials[0].guided
-    if steps is not None:
+    if steps is not None:  # a walltime point far below (or above) the edge does not end the opening
         assert len(trials) == steps
-    else:  # far off: it gallops up, then bisects, and still ends within the granularity
+    else:  # far off: it gallops away from the proposal, then bisects, and still ends within the granularity
         assert len(trials) <= 8
 
 
@@ -148,18 +153,31 @@ def test_a_predicted_probe_records_predicted_beside_measured(guided_run):
     prediction = json.loads((out / "prediction.json").read_text())
     trials = pd.read_csv(out / "probe.csv")
     steps = trials[~trials["point"]]  # the walltime point at N=64 is a trial the probe did not step
-    assert steps["N_tokens"].iloc[0] == prediction["proposal"] and steps["guided"].iloc[0]
+    assert steps["N_tokens"].iloc[0] == prediction["calibrations"][0]["proposal"] and steps["guided"].iloc[0]
+    assert len(steps) <= 3  # the prediction held: the proposal, one step past it, at most one more
     assert steps["predicted_peak_gib"].notna().all() and trials["max_peak_gib"].notna().all()
-    # The walltime point at N=64 calibrated the estimate: its miss is added to every later estimate.
-    assert prediction["calibration"]["N_tokens"] == 64
-    missed = prediction["calibration"]["missed_gib"]
+    # The walltime point at N=64 calibrated the estimate first: its miss is added to every later
+    # estimate, until a larger step fits and calibrates it again.
+    calibrations = prediction["calibrations"]
+    assert calibrations[0]["N_tokens"] == 64 and calibrations[-1] == {
+        **prediction["calibration"],
+        "proposal": prediction["proposal"],
+    }
     point = results(out).query("kind == 'point' and N_tokens == 64").iloc[0]
+    missed = calibrations[0]["missed_gib"]
     assert point["predicted_peak_gib"] + missed == pytest.approx(point["peak_mem_gib"], abs=1e-9)
     traces = prediction["estimates"]
     raw = predict.Prediction([predict.Estimate(e["N_tokens"], e["peak_gib"]) for e in traces])
     baseline = point["predicted_peak_gib"] - raw.at(64)
-    for step in steps.itertuples():
+    largest_fit = 64
+    for step in steps.itertuples():  # in the order they ran, each with the calibration of its time
         assert step.predicted_peak_gib == pytest.approx(raw.at(step.N_tokens) + missed + baseline, abs=1e-9)
+        if step.fits and step.N_tokens > largest_fit:
+            largest_fit = step.N_tokens
+            again = next(c for c in calibrations if c["N_tokens"] == largest_fit)
+            assert again["missed_gib"] == pytest.approx(step.max_peak_gib - baseline - raw.at(largest_fit))
+            missed = again["missed_gib"]
+    assert calibrations[-1]["N_tokens"] == largest_fit
     assert "probe.predict: at N=64 the real peak was" in proc.stderr
     rows = results(out)
     assert rows["predicted_peak_gib"].notna().all()

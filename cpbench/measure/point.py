@@ -126,8 +126,8 @@ class PointSettings:
 
     warmup: int = 3
     repeats: int = 5
-    # Caps: a cap above its floor lets the warm-up go on until the step time settles (the last 3 within
-    # settle_pct %), and the repeats while their IQR is over iqr_pct % of the median.
+    # Caps: a cap above its floor lets the warm-up go on until the step time stops falling (no step
+    # settle_pct % faster than those before), and the repeats while their IQR is over iqr_pct % of the median.
     warmup_max: int = 0
     repeats_max: int = 0
     settle_pct: float = 5.0

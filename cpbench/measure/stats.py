@@ -79,14 +79,18 @@ class PointTimes:
         return cls.of(slowest(per_rank))
 
 
-SETTLE_STEPS = 3  # the warm-up has settled when this many last step times agree
+SETTLE_STEPS = 3  # the fewest warm-up steps that can show the step time has stopped falling
 
 
 def settled(step_ms: Sequence[float], pct: float) -> bool:
-    """The last SETTLE_STEPS step times lie within `pct` % of the smallest of them: the one-off costs
-    (compilation, autotuning, the allocator's first requests) are paid."""
-    last = step_ms[-SETTLE_STEPS:]
-    return len(last) == SETTLE_STEPS and max(last) - min(last) <= pct / 100 * min(last)
+    """The step time has stopped falling: neither of the last SETTLE_STEPS - 1 steps is over `pct` %
+    faster than the fastest step before them. One-off costs (compilation, autotuning, the allocator's
+    first requests) make the first steps slow; a step slower than the others is noise, which the
+    repeats measure, not a cost still being paid (waiting for steps to agree spent warm-ups on it)."""
+    if len(step_ms) < SETTLE_STEPS:
+        return False
+    before, last = step_ms[: 1 - SETTLE_STEPS], step_ms[1 - SETTLE_STEPS :]
+    return min(last) >= (1 - pct / 100) * min(before)
 
 
 def spread_wide(step_ms: Sequence[float], pct: float) -> bool:

@@ -68,6 +68,7 @@ class Prediction:
     # to every estimate once the run has measured it (`calibrated`).
     missed_gib: float = 0.0
     calibrated_at: int | None = None
+    calibrations: tuple[dict, ...] = ()  # each calibration in turn: N_tokens, missed_gib, proposal
 
     def as_json(self) -> dict:
         return {
@@ -76,6 +77,7 @@ class Prediction:
             "ranks": list(self.ranks),
             "estimates": [{"N_tokens": e.n, "peak_gib": e.peak_gib} for e in self.estimates],
             "calibration": {"N_tokens": self.calibrated_at, "missed_gib": self.missed_gib},
+            "calibrations": list(self.calibrations),
             "assumes": ASSUMPTIONS,
         }
 
@@ -100,7 +102,9 @@ class Prediction:
         proposal = self.proposal
         if self.budget_gib is not None:
             proposal = _proposal_within(self.estimates, self.budget_gib - missed, multiple)
-        return replace(self, proposal=proposal, missed_gib=missed, calibrated_at=n)
+        step = {"N_tokens": n, "missed_gib": missed, "proposal": proposal}
+        return replace(self, proposal=proposal, missed_gib=missed, calibrated_at=n,
+                       calibrations=(*self.calibrations, step))  # fmt: skip
 
 
 ASSUMPTIONS = (

@@ -30,7 +30,7 @@ def search_config(
 
 
 def run_probe(
-    search: SearchConfig,
+    search: Callable[[], SearchConfig],
     state: ProbeState | None,
     trials: list[Trial],
     shape_at: Callable[[int], Shape],
@@ -38,9 +38,10 @@ def run_probe(
     predicted_at: Callable[[int], float | None] = lambda n: None,
 ) -> tuple[Trial | None, Trial | None]:
     """Try N after N until the search is done; `state` (rank 0 only) persists each. Every rank
-    computes the same proposals from the same (agreed) outcomes."""
+    computes the same proposals from the same (agreed) outcomes; `search` is asked again before each
+    step (a calibrated estimate moves its proposal)."""
     started, steps = time.perf_counter(), 0
-    while (proposal := next_trial(search, trials)) is not None:
+    while (proposal := next_trial(search(), trials)) is not None:
         shape = shape_at(proposal.n)
         if state is not None:
             state.start(proposal.n)

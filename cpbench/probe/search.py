@@ -79,27 +79,31 @@ def _crossing(model: np.poly1d, budget: float, lo: int, hi: int) -> float | None
 
 
 def _confirm(cfg: SearchConfig, trials: list[Trial], cap: int | None) -> Proposal | None | bool:
-    """The opening of a predicted search: the proposal, then one granularity past it (above after a
-    fit, below after a failure), the step doubling while the outcome repeats; False once a fit and a
-    failure bound the edge (bisection takes over)."""
+    """The opening of a predicted search: the proposal, then away from it by one granularity (up
+    after a fit, down after a failure), the step doubling while the outcome repeats; False once the
+    next step would pass the other bound (bisection takes over between them)."""
     m, g = cfg.multiple, max(cfg.granularity, cfg.multiple)
     proposal = max(m, align_down(cfg.predicted, m))
     proposal = min(proposal, cap) if cap else proposal
     best, fail = bounds(trials) if trials else (None, None)
     tried = {t.n for t in trials}
+    if best is not None and fail is not None and fail.n - best.n <= cfg.granularity:
+        return False  # the edge is found (a proposal moved by a calibration need not be tried)
     # First the proposal itself, unless the trials so far (walltime points too) already decide it.
     if proposal not in tried and (best is None or proposal > best.n) and (fail is None or proposal < fail.n):
         return Proposal(proposal, True)
-    if best is not None and fail is not None:
-        return False
-    if fail is None:  # every step fits: the prediction was low (or exact); step up past it
-        above = len({t.n for t in trials if t.n >= proposal})
-        n = max(align_up(best.n + g * 2 ** max(0, above - 1), m), best.n + m)
+    if best is not None and best.n >= proposal:  # it fits: the prediction was low (or exact); step up
+        k = len({t.n for t in trials if t.fits and proposal <= t.n <= best.n})
+        n = max(align_up(best.n + g * 2 ** (k - 1), m), best.n + m)
         n = min(n, cap) if cap else n
-        return None if n <= best.n or n in tried else Proposal(n, True)
-    below = len({t.n for t in trials if t.n <= proposal})  # every step failed: step down
-    n = max(m, align_down(fail.n - g * 2 ** max(0, below - 1), m))
-    return None if n >= fail.n or n in tried else Proposal(n, True)
+        if fail is not None and n >= fail.n:
+            return False
+        return None if n <= best.n else Proposal(n, True)
+    k = len({t.n for t in trials if not t.fits and fail.n <= t.n <= proposal})  # it failed: step down
+    n = max(m, align_down(fail.n - g * 2 ** (k - 1), m))
+    if best is not None and n <= best.n:
+        return False
+    return None if n >= fail.n else Proposal(n, True)
 
 
 def next_trial(cfg: SearchConfig, trials: list[Trial]) -> Proposal | None:

@@ -78,7 +78,8 @@ class ProbeConfig:
 @dataclass
 class TimingConfig:
     """Floors and caps of the step counts. In speed mode the warm-up goes on past `warmup` until the
-    last 3 step times lie within `settle_pct` % of each other (at most `warmup_max` steps), and the
+    step time stops falling (neither of the last 2 steps `settle_pct` % faster than the fastest before
+    them; at most `warmup_max` steps), and the
     timed repeats past `repeats` while their IQR is over `iqr_pct` % of the median (at most
     `repeats_max`). A cap equal to its floor fixes the count; accuracy mode always fixes both."""
 
