@@ -124,3 +124,13 @@ def test_killed_job_resumes_without_rerunning_finished_n(tmp_path):
     ran_again = int(proc.stderr.split("step(s) this run")[0].rsplit("probe done: ", 1)[1])
     assert len(after) == len(before) + ran_again
     assert "crashed" not in set(after["status"])  # the N the kill cut short was tried again
+
+
+def test_the_answer_at_a_walltime_points_n_is_not_measured_twice(tmp_path):
+    """The probe's largest fit is the point at N=64 (the cap): its full measurement is that point's."""
+    out = tmp_path / "out"
+    args = ["sweep.n_tokens=[64]", "probe.enabled=true", "probe.start=64", "probe.max_tokens=64", *TIMING]
+    proc = ok(cpbench(*args, f"output_dir={out}", cwd=tmp_path, timeout=120))
+    assert max_fit(out)["N_tokens"] == 64
+    assert proc.stderr.count("N=64 atoms=") == 1  # one measurement's log line
+    assert len(results(out).query("kind == 'point'")) == 1
