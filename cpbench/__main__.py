@@ -438,8 +438,8 @@ def app(cfg: DictConfig) -> None:
         return
     # A multirun: this job writes to its own folder, and its failure is recorded there instead of
     # ending the sweep; the end of the sweep lists it (cpbench.callbacks.MergeSweep).
-    # Every job of the sweep shares one cp=1 baseline, cached beside the sweep folder.
-    baseline_root = Path(cfg.output_dir).resolve().parent
+    # Every job of the sweep shares one cp=1 baseline, cached in the sweep folder (cfg.output_dir).
+    baseline_root = Path(cfg.output_dir).resolve()
     cfg.output_dir = str(job_dir)
     try:
         with _local_turn(job_dir):

@@ -100,3 +100,16 @@ def test_a_later_run_at_another_cp_reuses_the_cached_baseline(runs):
     frame = results(root / "run")
     assert set(frame.loc[frame["source"] == BASELINE, "cp"]) == {1}
     assert "1.00x cp=1; ideal sqrt(cp) = 2.00x" in (root / "run" / "cp_benchmark.md").read_text()
+
+
+def test_a_cp_sweep_measures_one_baseline_inside_its_folder(tmp_path):
+    out = tmp_path / "sweep"
+    proc = ok(cpbench("-m", "topology.cp=2,4", *RUN, f"output_dir={out}", cwd=tmp_path, timeout=400))
+    assert proc.stderr.count("measuring the cp=1 baseline first") == 1
+    assert proc.stderr.count("cp=1 baseline from the cache") == 1
+    (cache,) = (out / RunFolder.BASELINE).iterdir()  # in the sweep folder, nothing beside it
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["sweep"]
+    merged = results(out)
+    base = merged[merged["source"] == BASELINE]
+    assert set(base["cp"]) == {1} and sorted(base.loc[base["kind"] == "point", "N_tokens"]) == [16, 32]
+    assert set(merged.loc[merged["source"] != BASELINE, "cp"]) == {2, 4}

@@ -1,4 +1,4 @@
-"""`python -m cpbench.checks` on real run folders: a fresh run passes every rule; too few repeats and a
+"""`python -m cpbench.check` on real run folders: a fresh run passes every rule; too few repeats and a
 configuration mixed into a folder fail, naming their rules; a stray file fails; repeated points must
 agree. One process runs the check through `python -m`; the others call its main() in-process."""
 
@@ -12,14 +12,14 @@ import pandas as pd
 import pytest
 from conftest import FAST, cpbench, ok
 
-from cpbench.checks.__main__ import main
+from cpbench.check import main
 from cpbench.checks.compliance import Results, Run, rule_repeats, rule_same_answer
 
 RUN = [*FAST, "topology.cp=1", "timing.repeats=3", "sweep.n_tokens=[16,32]"]
 
 
 def check(*dirs) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "cpbench.checks", *map(str, dirs)]
+    cmd = [sys.executable, "-m", "cpbench.check", *map(str, dirs)]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
 
 

@@ -1,6 +1,6 @@
 """Check results against cpbench's rules: one verdict per rule (pass, fail, or n/a when the rule's
 inputs are absent), for run folders, sweep folders or a published report (docs/cp_benchmark.md with
-the cp_benchmark.csv beside it). `python -m cpbench.checks DIR...` exits 0 only if no rule fails."""
+the cp_benchmark.csv beside it). `python -m cpbench.check DIR...` exits 0 only if no rule fails."""
 
 from __future__ import annotations
 

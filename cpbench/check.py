@@ -1,4 +1,4 @@
-"""`python -m cpbench.checks DIR...`: one line per rule, exit 0 only if none fails (2: nothing to check)."""
+"""`python -m cpbench.check DIR...`: one line per rule, exit 0 only if none fails (2: nothing to check)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from cpbench.checks.compliance import check, passed
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m cpbench.checks",
+        prog="python -m cpbench.check",
         description="Check run folders, sweep folders or a published report (a .md) against cpbench's rules.",
     )
     parser.add_argument("paths", nargs="+", type=Path, metavar="DIR")
@@ -19,7 +19,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         verdicts = check(args.paths)
     except (FileNotFoundError, ValueError) as err:
-        print(f"cpbench.checks: error: {err}", file=sys.stderr)
+        print(f"cpbench.check: error: {err}", file=sys.stderr)
         return 2
     for verdict in verdicts:
         print(verdict.line())
