@@ -7,6 +7,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -97,3 +98,12 @@ def test_a_repeated_point_must_give_the_same_answer():
     assert rule_same_answer(Results([_run("a", 1.25), _run("b", 1.25)])).status == "pass"
     differ = rule_same_answer(Results([_run("a", 1.25), _run("b", 1.5)]))
     assert differ.status == "fail" and "checksums differ: N=16 (a, b)" in differ.detail
+
+
+def test_the_published_report_passes():
+    """docs/cp_benchmark.md, as it ships: its CSV and metadata table meet every rule that applies."""
+    report = Path(__file__).resolve().parents[1] / "docs" / "cp_benchmark.md"
+    proc = check(report)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.splitlines()[-1] == "all rules pass"
+    assert not any(line.startswith("FAIL") for line in proc.stdout.splitlines())
