@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from datetime import datetime
 
+import numpy as np
+import pandas as pd
 import pytest
 from conftest import TIMING, cpbench, ok, results
 
@@ -122,3 +124,21 @@ def test_the_probe_under_a_cpu_budget_and_a_fault_in_the_full_measurement(tmp_pa
     ]
     fit = frame[frame["kind"] == "max-fit"].iloc[0]
     assert (fit["N_tokens"], fit["status"], fit["oom_at"]) == (64, "ok", 96)
+
+
+NATIVE = ["workload=adapter", "workload.module=adapters.dtensor_native", "workload.contract=native",
+          "workflow=convergence", "shape.n_tokens=16", "convergence.steps=10",
+          "log.progress=false"]  # fmt: skip
+
+
+def test_a_native_dtensor_model_trains_at_cp2_as_on_one_rank(tmp_path):
+    """cpbench's own contract: the driver sums the plain parameter's gradient over the ranks and leaves
+    the DTensor parameters' gradients, which DTensor completed, alone; the curve equals one rank's."""
+    curves = {}
+    for cp in (1, 2):
+        out = tmp_path / f"cp{cp}"
+        ok(cpbench(*NATIVE, f"topology.cp={cp}", f"output_dir={out}", cwd=tmp_path, timeout=300))
+        curves[cp] = pd.read_csv(out / "convergence.csv")
+    for column in ("loss", "grad_norm"):
+        np.testing.assert_allclose(curves[2][column], curves[1][column], rtol=1e-5)
+    assert curves[1]["loss"].iloc[-1] < curves[1]["loss"].iloc[0]  # it trains

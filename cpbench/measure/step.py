@@ -137,7 +137,6 @@ class StepRunner:
         return out, Phases(forward=seconds)
 
     @torch.no_grad()
-    @torch.no_grad()
     def _grad_norm(self) -> float:
         """The L2 norm (float64) of every gradient after the sum over ranks; a DTensor's over its whole
         tensor (a collective: every rank takes the step, so every rank runs it)."""
