@@ -35,7 +35,7 @@ _META = [
     ("gpu_driver", "GPU driver"), ("sm_clocks_mhz", "SM clocks MHz"), ("clocks_locked", "clocks locked"),
     ("power_limit_w", "power limit W"), ("gpu_processes", "processes on the GPU"),
     ("devices_shared", "devices shared"),
-    ("oversubscribed", "oversubscribed"), ("ranks_per_device", "ranks per device"), ("seed", "seed"),
+    ("oversubscribed", "oversubscribed"), ("ranks_per_device", "ranks per GPU, or per CPU core"), ("seed", "seed"),
     ("comm_timing", "comm ms measured by"), ("config_hash", "config hash"),
     ("budget_gib", "memory budget GiB (per rank)"),
     ("baseline_gib", "start-up baseline GiB (rank 0)"), ("commit", "project commit"),
