@@ -38,14 +38,14 @@ class BufferWorkload:
 
     name = "buffer"
 
+    def __init__(self, device: torch.device):
+        self.device = device
+
     def build_model(self, ctx: RankContext) -> torch.nn.Module:
         return torch.nn.Identity()
 
     def build_batch(self, shape: Shape, ctx: RankContext) -> int:
         return shape.n_tokens  # bytes
-
-    def __init__(self, device: torch.device):
-        self.device = device
 
     def run_step(self, model: torch.nn.Module, batch: int, train: bool) -> torch.Tensor:
         if self.device.type == "cuda":

@@ -64,11 +64,17 @@ class Prediction:
     budget_gib: float | None = None
     proposal: int | None = None
     ranks: tuple[int, ...] = ()  # the ranks traced, one per distinct role on the grid
-    # What a real step at N held beyond its trace (the process, workspaces: see ASSUMPTIONS), added
-    # to every estimate once the run has measured it (`calibrated`).
-    missed_gib: float = 0.0
-    calibrated_at: int | None = None
-    calibrations: tuple[dict, ...] = ()  # each calibration in turn: N_tokens, missed_gib, proposal
+    # What real steps held beyond their traces (the process, workspaces: see ASSUMPTIONS), in turn:
+    # N_tokens, missed_gib, proposal. The last one's miss is added to every estimate (`calibrated`).
+    calibrations: tuple[dict, ...] = ()
+
+    @property
+    def missed_gib(self) -> float:
+        return self.calibrations[-1]["missed_gib"] if self.calibrations else 0.0
+
+    @property
+    def calibrated_at(self) -> int | None:
+        return self.calibrations[-1]["N_tokens"] if self.calibrations else None
 
     def as_json(self) -> dict:
         return {
@@ -103,8 +109,7 @@ class Prediction:
         if self.budget_gib is not None:
             proposal = _proposal_within(self.estimates, self.budget_gib - missed, multiple)
         step = {"N_tokens": n, "missed_gib": missed, "proposal": proposal}
-        return replace(self, proposal=proposal, missed_gib=missed, calibrated_at=n,
-                       calibrations=(*self.calibrations, step))  # fmt: skip
+        return replace(self, proposal=proposal, calibrations=(*self.calibrations, step))
 
 
 ASSUMPTIONS = (
@@ -270,12 +275,7 @@ def predict(
         if not fits:
             return prediction
     lo = max(e.n for e in fits)
-    over = [e.n for e in prediction.estimates if e.peak_gib > budget_gib]
-    hi = min(over) if over else None
-    guess = _crossing(prediction.estimates, budget_gib, m, lo)
-    if guess is None or guess <= lo or (hi is not None and guess >= hi):
-        prediction.proposal = lo
-        return prediction
+    guess = _proposal_within(prediction.estimates, budget_gib, m)
     while len(prediction.estimates) < MAX_TRACES and guess > lo:
         if trace(guess).peak_gib <= budget_gib:
             prediction.proposal = guess
