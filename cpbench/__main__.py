@@ -26,10 +26,10 @@ from cpbench.bench import RunSpec, hashed_config, run_rank
 from cpbench.callbacks import CheckOutputDir
 from cpbench.checks.accuracy import MISMATCH
 from cpbench.checks.repeat import repeat_spread
-from cpbench.core import ConfigError, Topology
+from cpbench.core import ConfigError, DoesNotFit, Topology
 from cpbench.experiment.runner import run_plan
 from cpbench.launch import slurm
-from cpbench.launch.baseline import attach_baseline
+from cpbench.launch.baseline import attach_baseline, refusal
 from cpbench.launch.local import RankFailure, launch_local
 from cpbench.launch.outcome import close_failed
 from cpbench.plan.changes import load_job, what_changed
@@ -93,6 +93,19 @@ def _check_runs_of_its_own(settings: BenchConfig) -> None:
         )
 
 
+def _check_unused_overrides(settings: BenchConfig) -> None:
+    """A setting the user gave that this workflow never reads is refused, not ignored in silence:
+    workflow=convergence runs its steps at shape.*, with no walltime points and no probe."""
+    if settings.workflow is not Workflow.convergence or not HydraConfig.initialized():
+        return
+    for override in HydraConfig.get().overrides.task:
+        if override.lstrip("+~").startswith(("sweep.", "probe.")):
+            raise ConfigError(
+                f"{override}: workflow=convergence runs its steps at shape.* (e.g. shape.n_tokens=64), "
+                "with no sweep points and no probe; drop it"
+            )
+
+
 def _in_submitit_job() -> bool:
     return "SUBMITIT_EXECUTOR" in os.environ
 
@@ -140,6 +153,7 @@ def _checked(cfg: DictConfig) -> tuple[BenchConfig, Topology, Workload]:
         if not settings.probe.predict_only:  # the estimate alone needs no devices
             _check_environment(settings, topology.cp)
     _check_runs_of_its_own(settings)
+    _check_unused_overrides(settings)
     workload = _build_workload(settings)
     if settings.workflow is Workflow.convergence and getattr(workload, "contract", "native") != "native":
         raise ConfigError("workflow=convergence: needs a workload of the native contract (cpbench steps)")
@@ -187,16 +201,22 @@ def run(cfg: DictConfig, in_sweep: bool = False, baseline_root: Path | None = No
                     return 0 if spec.prediction else 1
             if holds_lock and not _under_torchrun():
                 base = attach_baseline(folder, settings, baseline_root or folder.root)
+                if base is not None and (refused := refusal(base)):
+                    print(f"cpbench: the cp=1 baseline: {refused} (baseline=false runs without it)",
+                          file=sys.stderr)  # fmt: skip
+                    return 2
                 if settings.mode is Mode.accuracy and base is None:
                     return _no_reference(folder, topology.cp)
-                spec.reference_dir = str(base.root) if settings.mode is Mode.accuracy else None
+                # mode=accuracy checks every point against it; a convergence curve is compared with it
+                # when no published curve is found.
+                spec.reference_dir = str(base.root) if base is not None else None
             with _signals_end_the_run():
                 code = _run(spec, workload, topology.cp, in_sweep)
         if before is not None:
             _check_footprint(folder, before)
-        refusal = (folder.read_metadata().get("time_budget") or {}).get("refusal") if holds_lock else None
-        if code == 0 and refusal:
-            print(f"cpbench: {refusal}", file=sys.stderr)
+        refused = refusal(folder) if holds_lock else None
+        if code == 0 and refused:
+            print(f"cpbench: {refused}", file=sys.stderr)
             return 2
         return code
     except FolderLocked as err:
@@ -313,12 +333,16 @@ def _accuracy_outcome(folder: RunFolder, config_hash: str) -> int:
 def _run_local(spec: RunSpec, workload: Workload | None, cp: int, in_sweep: bool) -> int:
     """The ranks of one run on this machine: in this process (cp=1 outside a sweep), or launched."""
     folder = RunFolder(spec.output_dir)
-    if cp == 1 and not in_sweep:
-        run_rank(spec, workload)
-        return 0
     try:
-        launch_local(spec, cp, spec.settings.launch.max_restarts)
+        if cp == 1 and not in_sweep:
+            run_rank(spec, workload)
+        else:
+            launch_local(spec, cp, spec.settings.launch.max_restarts)
+    except DoesNotFit as err:  # in this process
+        return _does_not_fit(folder, cp, str(err))
     except RankFailure as failure:
+        if failure.error_type == DoesNotFit.__name__:
+            return _does_not_fit(folder, cp, failure.message)
         status = "crashed" if failure.crashed else "error"
         close_failed(folder, cp, status, str(failure), 1, failure.traceback)
         print(f"cpbench: {failure}", file=sys.stderr)
@@ -329,6 +353,13 @@ def _run_local(spec: RunSpec, workload: Workload | None, cp: int, in_sweep: bool
         print(f"cpbench: rows measured so far are in {folder.results}", file=sys.stderr)
         return 1
     return 0
+
+
+def _does_not_fit(folder: RunFolder, cp: int, error: str) -> int:
+    """A run of one fixed shape that ran out of memory: its one line, and the setting to change."""
+    close_failed(folder, cp, "oom", error, 2)
+    print(f"cpbench: error: {error}", file=sys.stderr)
+    return 2
 
 
 class Interrupted(BaseException):

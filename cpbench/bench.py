@@ -20,12 +20,13 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
 
 from cpbench.checks import accuracy
-from cpbench.core import RankContext, Shape, Topology
+from cpbench.core import DoesNotFit, RankContext, Shape, Topology
 from cpbench.inputs import load_features
-from cpbench.measure.budget import apply_budget
-from cpbench.measure.convergence import ConvergenceSettings, compare, run_convergence
+from cpbench.measure.budget import apply_budget, lift_budget
+from cpbench.measure.convergence import ConvergenceSettings, compare, does_not_fit, run_convergence
 from cpbench.measure.fault import Fault
 from cpbench.measure.memory import release
+from cpbench.measure.oom import describe, is_oom
 from cpbench.measure.point import (
     Budget,
     OutOfMemoryAlone,
@@ -90,13 +91,13 @@ def run_rank(spec: RunSpec, workload: Workload | None = None) -> None:
             workload = workload or instantiate(settings.workload)
             bench = Bench(settings, ctx, control, folder, workload, spec.what_changed, spec.prediction)
             if spec.reference_dir and bench.lead:
-                bench.check_against(RunFolder(spec.reference_dir))
+                bench.compare_with(RunFolder(spec.reference_dir))
             bench.run()
         except Exception as err:
             # Record the root cause before teardown: once this rank leaves, its peers fail too, and
             # the launcher must be able to tell which rank failed first and why.
             ErrorHandler().record_exception(err)
-            if isinstance(err, OutOfMemoryAlone) and ctx.world_size > 1:
+            if isinstance(err, (OutOfMemoryAlone, DoesNotFit)) and ctx.world_size > 1:
                 # Its peers are stuck in a collective it will never join, and tearing down the process
                 # group would wait for them: leave at once, and the launcher ends them too.
                 logging.shutdown()
@@ -181,6 +182,7 @@ class Bench:
         if self.accuracy:  # runs compared with each other take the same steps (training moves the weights)
             self.point_settings = self.point_settings.fixed()
         self.reference: dict[str, dict[str, Any]] | None = None  # rank 0, mode=accuracy: cp=1's rows
+        self.baseline: RunFolder | None = None  # rank 0: the cp=1 run beside this one, when there is one
         self.runner: StepRunner | None = None
         self.done: set[str] = set()
         self.what_changed = what_changed or []  # rank 0 records it in run.json
@@ -189,14 +191,19 @@ class Bench:
         self.overhead_s = 0.0  # a measurement's time besides its steps, from the budget's timed one
         self.mllog = RunLog(folder.mllog if self.lead else None)
 
-    def check_against(self, reference: RunFolder) -> None:
-        """Check every point this rank records against the cp=1 run in `reference` (rank 0)."""
-        config_hash = hashed_config(cp1_settings(self.settings))
-        self.reference = accuracy.reference_rows(reference, config_hash)
+    def compare_with(self, baseline: RunFolder) -> None:
+        """The cp=1 run of this configuration (rank 0): in mode=accuracy every point is checked against
+        its rows; a convergence curve is compared with its curve when no published one is found."""
+        self.baseline = baseline
+        if self.accuracy:
+            self.reference = accuracy.reference_rows(baseline, hashed_config(cp1_settings(self.settings)))
 
     def run(self) -> None:
         with self.heartbeat, self.mllog:
-            self._run()
+            try:
+                self._run()
+            finally:
+                lift_budget(self.ctx.device)  # whatever ended the run, what follows is not capped
 
     def _run(self) -> None:
         settings, ctx = self.settings, self.ctx
@@ -261,6 +268,7 @@ class Bench:
         if settings.probe.enabled:
             self._fit_probe()
             self.probe()
+        lift_budget(ctx.device)  # the cap is for the measured steps: the report is not one of them
         if self.lead:
             # When it ended, so that a merge can tell runs that overlapped on one host.
             meta = {**self.folder.read_metadata(), "finished": metadata.now()}
@@ -283,7 +291,7 @@ class Bench:
         self.planned_at = time.perf_counter()
         if self.lead and todo:  # the first point's own warm-up: a crash in it is that point's
             self.folder.in_flight.start(self.row(first, "point").as_dict())
-        result = self._measure(first, replace(self.point_settings, warmup=1, repeats=1))
+        result = self._measure(first, replace(self.point_settings, warmup=1, repeats=1).fixed())
         took = _broadcast(time.perf_counter() - self.planned_at, self.control)  # rank 0's, on every rank
         if result.status != "ok":
             LOG.warning("budget: the first step at N=%d did not fit: no estimate, the plan runs as set",
@@ -368,17 +376,29 @@ class Bench:
         )  # fmt: skip
         every = settings.checkpoint.every
         key = reference.curve_key(settings)
+        budget = self.point_settings.budget
         how = ConvergenceSettings(
-            settings.convergence.steps, every, settings.seed, self.point_settings.fault, key
-        )
+            settings.convergence.steps, every, settings.seed, self.point_settings.fault, key,
+            budget.gib if budget else None,
+        )  # fmt: skip
         say = self.heartbeat.step
-        curve = run_convergence(
-            self.runner, shape, self.ctx, self.control, self.folder, how, say, self._logged
-        )
+        try:
+            curve = run_convergence(
+                self.runner, shape, self.ctx, self.control, self.folder, how, say, self._logged
+            )
+        except Exception as err:  # out of memory outside a step (a checkpoint, a lazy import) too
+            if not is_oom(err):
+                raise
+            failure = f"rank {self.ctx.rank}: {describe(err)}"
+        else:
+            failure = None
+        if failure:  # raised outside the `except` block: its traceback holds the failed frames
+            raise does_not_fit(shape, how.cap_gib, failure)
+        lift_budget(self.ctx.device)  # the comparison and the plot are not measured steps
         if not self.lead:
             return
         meta = self.folder.read_metadata()
-        found = reference.lookup(settings, self.folder)
+        found = reference.lookup(settings, self.folder, self.baseline)
         summary: dict[str, Any] = {"curve_key": key, "steps": len(curve)}
         curves = {f"{self.ctx.topology.label} cp={self.ctx.topology.cp}": curve}
         if found is not None:
@@ -411,8 +431,12 @@ class Bench:
         )
 
     def _measure(self, shape: Shape, settings: PointSettings) -> PointResult:
-        """One point or probe step. After running out of memory the model is built afresh: a step
-        that failed midway can leave the model's own communication state mid-flight."""
+        """One point or probe step. In training every one starts from the seed's weights, so that its
+        checksum depends on the seed and the shape alone, not on the steps before it. After running
+        out of memory the model is built afresh: a step that failed midway can leave the model's own
+        communication state mid-flight."""
+        if self.runner.moved:
+            self._rebuild_runner()
         try:
             result = measure_point(self.runner, shape, self.ctx, self.control, settings)
         except OutOfMemoryAlone as err:
@@ -420,12 +444,15 @@ class Bench:
             # among them, writing nothing): record the point or N in flight as not fitting first.
             self.folder.in_flight.close("oom", f"rank {self.ctx.rank}: {err}")
             ProbeState(self.folder).close_oom()
-            raise
+            raise OutOfMemoryAlone(f"N={shape.n_tokens} does not fit: {err}") from err
         if result.status == "oom":
-            self.runner = None
-            release(self.ctx.device)
-            self.runner = self._build_runner()
+            self._rebuild_runner()
         return result
+
+    def _rebuild_runner(self) -> None:
+        self.runner = None  # the old model is freed before the new one is built
+        release(self.ctx.device)
+        self.runner = self._build_runner()
 
     def probe(self) -> None:
         """The largest N that fits (a max-fit row), then its full walltime measurement. If that

@@ -2,8 +2,8 @@
 context. It sits at the bottom of the package and imports nothing of cpbench."""
 
 from cpbench.core.context import RankContext
-from cpbench.core.errors import ConfigError
+from cpbench.core.errors import ConfigError, DoesNotFit
 from cpbench.core.shape import Shape
 from cpbench.core.topology import Tiling, Topology, TopologyKind
 
-__all__ = ["ConfigError", "RankContext", "Shape", "Tiling", "Topology", "TopologyKind"]
+__all__ = ["ConfigError", "DoesNotFit", "RankContext", "Shape", "Tiling", "Topology", "TopologyKind"]

@@ -18,13 +18,14 @@ import pandas as pd
 from omegaconf import OmegaConf
 
 from cpbench.bench import RunSpec, hashed_config, walltime_points
+from cpbench.core import DoesNotFit
 from cpbench.launch.local import RankFailure, launch_local
 from cpbench.launch.outcome import close_failed
 from cpbench.report import metadata
 from cpbench.results.folder import RunFolder
 from cpbench.results.row import BASELINE, point_key
 from cpbench.settings.cp1 import cp1_settings
-from cpbench.settings.schema import BenchConfig, Mode
+from cpbench.settings.schema import BenchConfig, Mode, Workflow
 
 # Settings that do not change the cp=1 answer: where and how loudly it is written, how it is launched.
 _NOT_IN_KEY = ("output_dir", "log", "launch", "slurm", "baseline", "job")
@@ -62,9 +63,14 @@ def cache_folder(settings: BenchConfig, root: Path) -> RunFolder:
 
 
 def _complete(folder: RunFolder, base: BenchConfig) -> bool:
-    """Every walltime point has a row, the probe (when on) its max-fit row, and the run did not fail."""
+    """Every walltime point has a row, the probe (when on) its max-fit row, and the run did not fail;
+    a convergence baseline, its curve's every step; a refused plan, its refusal (it stays refused)."""
     if folder.read_failure() is not None:
         return False
+    if refusal(folder):
+        return True
+    if base.workflow is Workflow.convergence:
+        return len(folder.read_convergence()) >= base.convergence.steps
     done = folder.done_keys(hashed_config(base))
     points = walltime_points(base)
     if any(point_key("point", s.n_tokens, s.n_atoms, s.msa_depth) not in done for s in points):
@@ -89,10 +95,19 @@ def run_baseline(settings: BenchConfig, root: Path) -> RunFolder | None:
         try:
             launch_local(RunSpec(settings=base, output_dir=str(folder.root)), 1, base.launch.max_restarts)
         except RankFailure as failure:
+            if failure.error_type == DoesNotFit.__name__:  # what CP is for: the CP run may fit it
+                close_failed(folder, 1, "oom", failure.message)
+                print(f"cpbench: the cp=1 baseline: {failure.message}; going on without it", file=sys.stderr)
+                return None
             close_failed(folder, 1, "crashed" if failure.crashed else "error", str(failure))
             print(f"cpbench: the cp=1 baseline failed ({failure}); going on without it", file=sys.stderr)
             return None
     return folder
+
+
+def refusal(folder: RunFolder) -> str | None:
+    """The time budget's refusal of a run's plan (nothing was measured), or None."""
+    return (folder.read_metadata().get("time_budget") or {}).get("refusal")
 
 
 def baseline_rows(folder: RunFolder, settings: BenchConfig) -> pd.DataFrame:

@@ -33,6 +33,17 @@ class RankFailure(Exception):
     def __str__(self) -> str:
         return f"rank {self.rank} {'crashed' if self.crashed else 'failed'}: {self.reason}"
 
+    @property
+    def error_type(self) -> str:
+        """The name of the exception the rank raised ('' when it was killed)."""
+        head, _, _ = self.reason.partition(":")
+        return head if head.isidentifier() else ""
+
+    @property
+    def message(self) -> str:
+        """The rank's error message without its exception's name."""
+        return self.reason.removeprefix(f"{self.error_type}:").strip() if self.error_type else self.reason
+
 
 # Messages of ranks that failed only because a peer had died first.
 _CONSEQUENCES = ("closed by peer", "reset by peer", "remote worker", "socket timeout", "timed out")
@@ -86,10 +97,12 @@ def launch_local(spec: RunSpec, nprocs: int, max_restarts: int = 0) -> None:
         except RankFailure as failure:
             if not failure.crashed or restart == max_restarts:
                 raise
-            print(
-                f"cpbench: {failure}; relaunching, the run resumes (restart {restart + 1} of {max_restarts})",
-                file=sys.stderr,
-            )
+            again = f"restart {restart + 1} of {max_restarts}"
+            if failure.error_type == OutOfMemoryAlone.__name__:  # a finding, not a crash
+                line = f"rank {failure.rank}: {failure.message}; recorded as oom, the ranks restart to go on"
+            else:
+                line = f"{failure}; relaunching, the run resumes"
+            print(f"cpbench: {line} ({again})", file=sys.stderr)
 
 
 def _launch_once(spec: RunSpec, nprocs: int) -> None:

@@ -23,7 +23,8 @@ def _status_bytes(field: str) -> int:
 
 def apply_budget(budget_gib: float, device: torch.device) -> float:
     """Cap this rank at `budget_gib` and return the baseline the cap sits on (GiB), which the
-    fits-check subtracts from the measured peak (0 on CUDA, whose stats count only tensors)."""
+    fits-check subtracts from the measured peak (0 on CUDA, whose stats count only tensors).
+    `lift_budget` takes the cap off again: it is for the measured steps, not what follows them."""
     if device.type == "cuda":
         total = torch.cuda.get_device_properties(device).total_memory
         torch.cuda.set_per_process_memory_fraction(min(1.0, budget_gib * GIB / total), device)
@@ -38,3 +39,13 @@ def apply_budget(budget_gib: float, device: torch.device) -> float:
     _, hard = resource.getrlimit(resource.RLIMIT_DATA)
     resource.setrlimit(resource.RLIMIT_DATA, (limit, hard))
     return read_peak_gib(device)
+
+
+def lift_budget(device: torch.device) -> None:
+    """No cap: the report, its plots and anything else after the measured steps must not fail for
+    want of memory the steps were denied (a cp=1 run measures in the launching process itself)."""
+    if device.type == "cuda":
+        torch.cuda.set_per_process_memory_fraction(1.0, device)
+        return
+    _, hard = resource.getrlimit(resource.RLIMIT_DATA)
+    resource.setrlimit(resource.RLIMIT_DATA, (hard, hard))

@@ -14,8 +14,9 @@ import pandas as pd
 import torch
 import torch.distributed as dist
 
-from cpbench.core import RankContext, Shape
+from cpbench.core import DoesNotFit, RankContext, Shape
 from cpbench.measure.fault import Fault
+from cpbench.measure.oom import describe, is_oom
 from cpbench.measure.step import StepRunner
 from cpbench.results.folder import RunFolder
 from cpbench.runtime.logs import LOG
@@ -37,6 +38,7 @@ class ConvergenceSettings:
     seed: int
     fault: Fault
     key: str  # of the settings that decide the curve: a checkpoint of other settings is not resumed
+    cap_gib: float | None = None  # the per-rank memory cap, named when a step does not fit
 
 
 def run_convergence(
@@ -74,11 +76,9 @@ def run_convergence(
         progress(f"convergence step {step + 1} of {settings.steps}")
         settings.fault.before_step(ctx.rank, step, start > 0, ctx.device)
         seed = batch_seed(settings.seed, step)
-        seed_all(seed)
-        batch = runner.workload.build_batch(shape, dataclasses.replace(ctx, seed=seed))
-        dist.barrier(group=control)
-        out, phases = runner(batch)
-        batch = None
+        out, phases, failure = _step(runner, shape, dataclasses.replace(ctx, seed=seed), control)
+        if failure:
+            raise does_not_fit(shape, settings.cap_gib, f"rank {ctx.rank}, step {step}: {failure}")
         loss = torch.tensor([out.detach().double().item()], dtype=torch.float64)
         dist.all_reduce(loss, group=control)  # the ranks' shares sum to the global loss
         seconds = torch.tensor([phases.total], dtype=torch.float64)
@@ -97,6 +97,29 @@ def run_convergence(
             record(row)
             folder.write_convergence(pd.DataFrame(rows, columns=COLUMNS))
     return pd.DataFrame(rows, columns=COLUMNS) if lead else None
+
+
+def does_not_fit(shape: Shape, cap_gib: float | None, where: str) -> DoesNotFit:
+    """The one line of a convergence run out of memory: what did not fit, where, what to change."""
+    cap = f"{cap_gib:g} GiB per rank" if cap_gib is not None else "memory"
+    return DoesNotFit(
+        f"workflow=convergence: N_tokens={shape.n_tokens} does not fit in {cap} ({where}); lower "
+        "shape.n_tokens or raise memory.budget_gib (memory.cpu_budget_gib on CPU)"
+    )
+
+
+def _step(runner: StepRunner, shape: Shape, ctx: RankContext, control: dist.ProcessGroup) -> tuple:
+    """One step on its own batch; an out-of-memory error comes back as its one-line description."""
+    try:
+        seed_all(ctx.seed)
+        batch = runner.workload.build_batch(shape, ctx)
+        dist.barrier(group=control)
+        out, phases = runner(batch)
+        return out, phases, ""
+    except Exception as err:
+        if not is_oom(err):
+            raise
+        return None, None, describe(err)
 
 
 @dataclass(frozen=True)

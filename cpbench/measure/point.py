@@ -55,8 +55,8 @@ class PointResult:
     optimizer_ms: float | None = None
     comm_ms: float | None = None  # median over repeats of the largest per-rank time in collectives
     comm_mib_per_step: float | None = None  # max over ranks of MiB sent per step
-    checksum: float | None = None  # float64 sum of the step output over all ranks
-    loss: float | None = None  # native training: the last repeat's loss (the sum of the ranks' shares)
+    checksum: float | None = None  # float64 sum of the first step's output over all ranks
+    loss: float | None = None  # native training: the first step's loss (the sum of the ranks' shares)
     grad_norm: float | None = None  # mode=accuracy, native training: see StepRunner.grad_norm
     warmup_steps: int | None = None  # the warm-up steps taken
     repeats: int | None = None  # the timed repeats taken
@@ -268,7 +268,7 @@ class RankSteps:
     """What one rank's steps of a point leave, gathered on the control group and reduced by `stats`."""
 
     timings: list[RepeatTiming]
-    share: float | None  # this rank's share of the checksum of the last repeat's output
+    share: float | None  # this rank's share of the checksum of the first step's output
     bytes_per_step: float
     ops: list[dict[str, Any]]
     profiled_s: float  # per step, in the profiler's communication events (measure.profile_comm)
@@ -282,7 +282,24 @@ def _slowest_ms(seconds: float, control: dist.ProcessGroup) -> float:
     return _reduce([seconds * 1e3], control, dist.ReduceOp.MAX)[0]
 
 
-def _warm_up(runner: StepRunner, batches: _Batches, control, settings: PointSettings) -> list[float]:
+@dataclass
+class FirstStep:
+    """What the point's first step returned: its checksum share and gradient norm. A training step
+    moves the weights, so only the first step, taken from the seed's weights (the driver rebuilds the
+    model before a training point), is the same whatever the warm-up count and the points before."""
+
+    share: float | None = None
+    grad_norm: float | None = None
+    taken: bool = False
+
+    def see(self, out: Any, runner: StepRunner) -> None:
+        if not self.taken:
+            self.share, self.grad_norm, self.taken = local_share(out), runner.grad_norm, True
+
+
+def _warm_up(
+    runner: StepRunner, batches: _Batches, control, settings: PointSettings, first: FirstStep
+) -> list[float]:
     """The warm-up steps' times (seconds, this rank's), `warmup` of them or, with a higher cap, until
     the slowest rank's step time settles."""
     say = settings.progress or (lambda where: None)
@@ -291,7 +308,9 @@ def _warm_up(runner: StepRunner, batches: _Batches, control, settings: PointSett
     seconds, agreed = [], []
     while len(seconds) < most:
         say(f"warm-up step {len(seconds) + 1} of {settings.warmup}" + (f" to {most}" if adaptive else ""))
-        _, p = runner(batches.next())
+        out, p = runner(batches.next())
+        first.see(out, runner)
+        out = None
         seconds.append(p.total)
         if adaptive:
             agreed.append(_slowest_ms(p.total, control))
@@ -302,7 +321,8 @@ def _warm_up(runner: StepRunner, batches: _Batches, control, settings: PointSett
 
 def _run_repeats(runner: StepRunner, batches: _Batches, control, settings: PointSettings) -> RankSteps:
     say = settings.progress or (lambda where: None)
-    warm = _warm_up(runner, batches, control, settings)
+    first = FirstStep()
+    warm = _warm_up(runner, batches, control, settings, first)
     most = max(settings.repeats, settings.repeats_max)
     adaptive = most > settings.repeats
     LEDGER.reset()
@@ -318,6 +338,7 @@ def _run_repeats(runner: StepRunner, batches: _Batches, control, settings: Point
             with torch.profiler.record_function(_STEP_EVENT):
                 out, p = runner(batch)
             comm = LEDGER.total_seconds - comm_before
+            first.see(out, runner)
             timings.append(RepeatTiming(p.total, p.forward, p.backward, p.optimizer, comm))
             if adaptive:
                 agreed.append(_slowest_ms(p.total, control))
@@ -328,13 +349,13 @@ def _run_repeats(runner: StepRunner, batches: _Batches, control, settings: Point
     profiled = _comm_seconds(profiler.events()) if settings.profile_comm else 0.0
     return RankSteps(
         timings=timings,
-        share=local_share(out),
+        share=first.share,
         bytes_per_step=LEDGER.total_bytes / len(timings),
         ops=LEDGER.table(),
         profiled_s=profiled / len(timings),
         first_step_s=(warm or [timings[0].total])[0],
         warmup_steps=len(warm),
-        grad_norm=runner.grad_norm,
+        grad_norm=first.grad_norm,
     )
 
 

@@ -91,6 +91,12 @@ class StepRunner:
         # The last step's gradient norm when tracked (mode=accuracy, workflow=convergence): a checked
         # quantity, the same on every rank; off in plain timed steps (a pass over the gradients).
         self.grad_norm: float | None = None
+        self.steps_taken = 0  # in training, each one has moved the weights away from the seed's
+
+    @property
+    def moved(self) -> bool:
+        """Whether the model is no longer as built: a training step has run."""
+        return self.train and self.steps_taken > 0
 
     @property
     def returns_loss(self) -> bool:
@@ -104,6 +110,7 @@ class StepRunner:
 
     def __call__(self, batch: Any) -> tuple[Any, Phases]:
         """Run one step; return its output and the seconds of each phase."""
+        self.steps_taken += 1
         if self.contract is Contract.foldcp:
             return self._whole_step(batch)
         synchronize(self.device)  # the previous step's work is not this one's

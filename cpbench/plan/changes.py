@@ -82,8 +82,9 @@ def what_changed(
             continue
         differ = {}
         for key, real in entry.keys.items():
-            name = f"workload.{key}"
+            name = f"{entry.section}.{key}"
             real, bench = job.pop(name, real), OmegaConf.select(cfg, name)
+            bench = OmegaConf.to_container(bench) if OmegaConf.is_config(bench) else bench
             seen.add(name)
             if bench != real:
                 differ[key] = (bench, real)
@@ -92,13 +93,13 @@ def what_changed(
         if len(differ) == 1:
             [(key, (bench, real))] = differ.items()
             scale = real / bench if entry.scales and bench else None
-            rows.append(Change(entry.what, _text(bench), _text(real), entry.setting or f"workload.{key}",
-                               entry.why, scale=scale))  # fmt: skip
+            setting = entry.setting or f"{entry.section}.{key}"
+            rows.append(Change(entry.what, _text(bench), _text(real), setting, entry.why, scale=scale))
         else:
             rows.append(Change(
                 entry.what, ", ".join(f"{k}={b}" for k, (b, _) in differ.items()),
                 ", ".join(f"{k}={r}" for k, (_, r) in differ.items()),
-                entry.setting or ", ".join(f"workload.{k}" for k in differ), entry.why,
+                entry.setting or ", ".join(f"{entry.section}.{k}" for k in differ), entry.why,
             ))  # fmt: skip
     rows += _job_rows(cfg, job)
     if cfg.data.path is None and "data.path" not in job:

@@ -47,15 +47,18 @@ def find(key: str, directory: Path = REFERENCE_DIR) -> Path | None:
     return found[0] if found else None
 
 
-def lookup(settings: BenchConfig, folder: RunFolder) -> tuple[Path, pd.DataFrame] | None:
+def lookup(
+    settings: BenchConfig, folder: RunFolder, baseline: RunFolder | None = None
+) -> tuple[Path, pd.DataFrame] | None:
     """The curve a run is compared with: convergence.reference (a convergence.csv or a run folder
-    holding one), else this configuration's curve under docs/reference/; None when there is none."""
+    holding one), else this configuration's curve under docs/reference/, else the cp=1 baseline's
+    curve beside the run; None when there is none."""
     given = settings.convergence.reference
     if given is not None:
         path = Path(given)
         path = RunFolder(path).convergence if path.is_dir() else path
     else:
-        path = find(curve_key(settings))
+        path = find(curve_key(settings)) or (baseline.convergence if baseline is not None else None)
     if path is None or path.resolve() == folder.convergence.resolve() or not path.exists():
         return None
     return path, pd.read_csv(path)

@@ -260,10 +260,14 @@ class RunFolder:
     def set_baseline(self, rows: pd.DataFrame, config_hash: str) -> None:
         """Put the cp=1 baseline's rows (source=baseline) for `config_hash` in results.csv, in place of
         any it held: a rerun copies them again, never twice."""
-        frame = self.read_results()
+        held = self.read_results()
+        frame = held
         if not frame.empty and "source" in frame.columns:
             frame = frame[~((frame["source"] == BASELINE) & (frame["config_hash"] == config_hash))]
-        frame = pd.concat([f for f in (frame, rows) if not f.empty], ignore_index=True)
+        parts = [f for f in (frame, rows) if not f.empty]
+        if not parts and held.empty:  # a baseline of no rows (a convergence curve) and none held
+            return
+        frame = pd.concat(parts, ignore_index=True) if parts else frame
         columns = COLUMNS + [c for c in frame.columns if c not in COLUMNS]
         write_atomically(self.results, frame.reindex(columns=columns).to_csv(index=False))
 

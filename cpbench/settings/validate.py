@@ -35,8 +35,10 @@ def validate(settings: BenchConfig) -> Topology:
     _positive("shape.n_atoms", shape.n_atoms, allow_null=True)
     for key in ("n_tokens", "n_atoms", "msa_depth"):
         values = list(getattr(sweep, key))
-        if not values and key != "n_tokens":  # no N_tokens at all: no sweep points, the probe alone
-            raise ConfigError(f"sweep.{key}=[]: give at least one value (null takes shape.*)")
+        if not values and (key != "n_tokens" or not settings.probe.enabled):
+            # No N_tokens at all is the probe alone; without it the run would measure nothing.
+            alone = "" if key != "n_tokens" else ", or probe.enabled=true for the probe alone"
+            raise ConfigError(f"sweep.{key}=[]: give at least one value (null takes shape.*{alone})")
         for value in values:
             if value is not None and (not isinstance(value, int) or value <= 0):
                 raise ConfigError(f"sweep.{key}={values}: entries must be integers > 0 or null")

@@ -49,7 +49,8 @@ class RealSetting:
     why: str
     scales: bool = False
     workflow: str | None = None
-    setting: str | None = None  # the setting that controls it, when not `workload.<key>`
+    setting: str | None = None  # the setting that controls it, when not `<section>.<key>`
+    section: str = "workload"  # the config section the keys are in (`sweep` for the job's N_tokens)
 
 
 @dataclass(frozen=True)

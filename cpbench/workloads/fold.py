@@ -34,6 +34,33 @@ AF3_SIZES = dict(
     c_atom_pair=16, input_atom_blocks=3, atom_blocks=3, atom_heads=4, c_token=768, token_blocks=24,
     token_heads=16, fourier=256,
 )  # fmt: skip
+# AlphaFold3's training (Abramson et al., Nature 2024, supplementary information, section 5: training
+# set-up, recycling, the diffusion batch, crop sizes per stage, the losses).
+AF3_TRAINING = (
+    RealSetting(
+        {"n_cycles": "1 to 4, sampled per step"}, "trunk passes (recycling)",
+        "AF3 samples the number of trunk passes per training step, gradients through the last only; a "
+        "fixed count measures one of them (the trunk's time grows with it, its memory does not)",
+        workflow="training",
+    ),
+    RealSetting(
+        {"n_tokens": [384, 640, 768]}, "crop size (N_tokens)",
+        "AF3 trains on crops of 384 tokens, then fine-tunes at 640 and 768: N sets memory and the balance "
+        "of compute and communication", section="sweep", workflow="training",
+    ),
+    Limitation(
+        "diffusion batch per trunk pass", "1 noise sample", "48 noise samples",
+        "AF3 denoises 48 noised copies of the structure per trunk pass: the diffusion module's work and "
+        "activations grow with it, the trunk's do not", workflow="training",
+    ),
+    Limitation(
+        "loss terms", "the diffusion loss (weighted MSE)",
+        "diffusion (MSE, smooth LDDT, bonds), distogram, confidence heads (pLDDT, PAE, PDE, resolved) "
+        "on a 20-step mini-rollout",
+        "the distogram head is small, but the confidence heads add a Pairformer stack of their own and a "
+        "mini-rollout of the sampler: more compute and activation memory per step", workflow="training",
+    ),
+)  # fmt: skip
 # The job a fold benchmark stands for: AlphaFold3's inference as its public code runs it (docs/budget.md
 # cites the sources). Each differing key is a row of the what-changed table.
 AF3_INFERENCE = (
@@ -53,6 +80,7 @@ AF3_INFERENCE = (
         "the fold model denoises one sample; AF3 batches 5, which multiplies the sampler's work",
         workflow="inference",
     ),
+    *AF3_TRAINING,
 )  # fmt: skip
 
 
