@@ -22,7 +22,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from torch.distributed.elastic.multiprocessing.api import SignalException
 
-from cpbench.bench import RunSpec, hashed_config, run_rank
+from cpbench.bench import RunSpec, run_rank
 from cpbench.callbacks import CheckOutputDir
 from cpbench.checks.accuracy import MISMATCH
 from cpbench.checks.repeat import repeat_spread
@@ -42,6 +42,7 @@ from cpbench.report.single import write_report
 from cpbench.results.folder import FolderLocked, RunFolder
 from cpbench.runtime.rank import pick_backend
 from cpbench.runtime.seed import deterministic
+from cpbench.settings.identity import config_hash
 from cpbench.settings.schema import BenchConfig, Mode, Workflow, register
 from cpbench.settings.validate import to_settings, validate
 from cpbench.workloads.adapter import WorkloadError
@@ -280,7 +281,7 @@ def _run(spec: RunSpec, workload: Workload, cp: int, in_sweep: bool) -> int:
     if code == 0 and settings.repeat_check:
         code = _repeat_check(spec, cp, in_sweep)
     if code == 0 and settings.mode is Mode.accuracy:
-        code = _accuracy_outcome(RunFolder(spec.output_dir), hashed_config(settings))
+        code = _accuracy_outcome(RunFolder(spec.output_dir), config_hash(settings))
     return code
 
 
@@ -310,7 +311,7 @@ def _repeat_check(spec: RunSpec, cp: int, in_sweep: bool) -> int:
         if code:
             return code
         folders.append(run)
-    spread = repeat_spread([f.read_results() for f in folders], hashed_config(settings))
+    spread = repeat_spread([f.read_results() for f in folders], config_hash(settings))
     folder.write_metadata({**folder.read_metadata(), "repeat_check": spread})
     write_report(folder.root)
     figures = ", ".join(f"{name} {value:.3g}" for name, value in spread["tolerance"].items())

@@ -15,7 +15,6 @@ import pandas as pd
 import torch
 import torch.distributed as dist
 from hydra.utils import instantiate
-from omegaconf import OmegaConf
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
 
@@ -52,6 +51,7 @@ from cpbench.runtime.logs import CONSOLE, LOG
 from cpbench.runtime.rank import pick_backend, rank_runtime
 from cpbench.runtime.seed import deterministic, seed_all
 from cpbench.settings.cp1 import cp1_settings
+from cpbench.settings.identity import config_hash, curve_key
 from cpbench.settings.schema import BenchConfig, Mode, Workflow
 from cpbench.sweep import resolve_shape, sweep_points
 from cpbench.workloads.base import Workload
@@ -111,30 +111,6 @@ def _broadcast(value: Any, group: dist.ProcessGroup) -> Any:
     return box[0]
 
 
-def hashed_config(settings: BenchConfig) -> str:
-    """The settings that decide each point's numbers: not which points (a point's row names its own
-    shape), nor where they are written or how loudly. Rows of an equal hash are resumable."""
-    container = OmegaConf.to_container(OmegaConf.structured(settings), resolve=True, enum_to_str=True)
-    skipped = (
-        "output_dir",
-        "log",
-        "sweep",
-        "probe",
-        "shape",
-        "slurm",
-        "launch",
-        "baseline",
-        "budget",
-        "job",
-        "repeat_check",
-        "experiment",
-        "checkpoint",
-    )
-    for key in skipped:
-        container.pop(key, None)
-    return metadata.config_hash(OmegaConf.to_yaml(OmegaConf.create(container)))
-
-
 def walltime_points(settings: BenchConfig) -> list[Shape]:
     """The points a run measures: the feature file's one shape, else the product of the sweep lists."""
     if settings.data.path:
@@ -157,7 +133,7 @@ class Bench:
         self.prediction = prediction
         self.lead = ctx.rank == 0
         self.train = settings.workflow in (Workflow.training, Workflow.convergence)
-        self.config_hash = hashed_config(settings)
+        self.config_hash = config_hash(settings)
         self.workload = workload
         self.workload_name = getattr(workload, "name", type(workload).__name__)
         f = settings.fault
@@ -196,7 +172,7 @@ class Bench:
         its rows; a convergence curve is compared with its curve when no published one is found."""
         self.baseline = baseline
         if self.accuracy:
-            self.reference = accuracy.reference_rows(baseline, hashed_config(cp1_settings(self.settings)))
+            self.reference = accuracy.reference_rows(baseline, config_hash(cp1_settings(self.settings)))
 
     def run(self) -> None:
         with self.heartbeat, self.mllog:
@@ -375,7 +351,7 @@ class Bench:
             self.folder.root,
         )  # fmt: skip
         every = settings.checkpoint.every
-        key = reference.curve_key(settings)
+        key = curve_key(settings)
         budget = self.point_settings.budget
         how = ConvergenceSettings(
             settings.convergence.steps, every, settings.seed, self.point_settings.fault, key,

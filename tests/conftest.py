@@ -27,6 +27,13 @@ TIMING = [
 FAST = [*TIMING, "probe.enabled=false"]  # walltime points only: tests of the probe turn it on
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test not marked unit is in the end-to-end lane (`pytest -m e2e`)."""
+    for item in items:
+        if item.get_closest_marker("unit") is None:
+            item.add_marker(pytest.mark.e2e)
+
+
 def run_cmd(
     cmd: list[str], cwd: Path, timeout: float = 180, env: dict | None = None
 ) -> subprocess.CompletedProcess:

@@ -6,7 +6,11 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 import cpbench
+
+pytestmark = pytest.mark.unit  # in-process: the fast lane (pytest -m unit)
 
 PACKAGE = Path(cpbench.__file__).parent
 # What the lower layers may never import: the layers above them.

@@ -16,6 +16,8 @@ from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 from cpbench.measure.checksum import local_share
 from cpbench.runtime.seed import seed_all
 
+pytestmark = pytest.mark.unit  # in-process: the fast lane (pytest -m unit)
+
 
 def test_containers_sum_every_tensor_they_hold():
     a, b = torch.ones(3), torch.full((2, 2), 2.0)

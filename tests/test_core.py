@@ -6,6 +6,8 @@ import pytest
 
 from cpbench.core import ConfigError, Tiling, Topology, TopologyKind
 
+pytestmark = pytest.mark.unit  # in-process: the fast lane (pytest -m unit)
+
 # Every layout the CP tests run: one rank, 1d row slabs, square and oblong 2d grids.
 LAYOUTS = [(1, 1), (2, 1), (3, 1), (4, 1), (1, 2), (2, 2), (2, 3), (3, 2), (2, 4)]
 

@@ -27,6 +27,8 @@ from cpbench.experiment.runner import PlanRun
 from cpbench.experiment.verdict import Change, drift_pct, judge, judge_max_n, median_change
 from cpbench.measure.stats import RepeatTiming, first_step_ms, repeat_totals_ms
 
+pytestmark = pytest.mark.unit  # in-process: the fast lane (pytest -m unit)
+
 PLANS = Path(__file__).resolve().parents[1] / "configs" / "experiment"
 
 

@@ -11,6 +11,8 @@ from cpbench.measure.point import PointSettings, comm_timing
 from cpbench.measure.step import StepClock
 from cpbench.report import nvml
 
+pytestmark = pytest.mark.unit  # in-process: the fast lane (pytest -m unit)
+
 
 def test_without_nvml_every_gpu_field_says_unknown_and_why():
     state = nvml.gpu_state("00000000-0000-0000-0000-000000000000")

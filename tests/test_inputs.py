@@ -14,6 +14,8 @@ from cpbench.inputs.contract import DNA, LIGAND, MAX_DELETIONS, PROTEIN, RNA, UN
 from cpbench.inputs.make_example import ONE_RANK, whole_features
 from cpbench.inputs.synth import SynthSource
 
+pytestmark = pytest.mark.unit  # in-process: the fast lane (pytest -m unit)
+
 TOPOLOGIES = {
     "1d-cp1": Topology("1d", 1, (1, 1)),
     "1d-cp2": Topology("1d", 2, (2, 1)),

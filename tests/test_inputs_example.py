@@ -12,6 +12,8 @@ import pytest
 from cpbench.inputs import FEATURES, load_features
 from cpbench.inputs.make_example import main
 
+pytestmark = pytest.mark.unit  # in-process: the fast lane (pytest -m unit)
+
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = (ROOT / "docs" / "inputs.md").read_text()
 EXAMPLE = ROOT / "examples" / "complex_304.npz"

@@ -12,6 +12,8 @@ from cpbench.core import Shape, Topology
 from cpbench.inputs import FEATURES, FeatureError, load_features, shard_features, synthesize
 from cpbench.inputs.make_example import ONE_RANK, whole_features
 
+pytestmark = pytest.mark.unit  # in-process: the fast lane (pytest -m unit)
+
 SHAPE = Shape(120, 0, 6)
 SEED = 3
 

@@ -10,6 +10,8 @@ import pytest
 from cpbench.core import Shape, Topology
 from cpbench.inputs import FoldShard, synthesize
 
+pytestmark = pytest.mark.unit  # in-process: the fast lane (pytest -m unit)
+
 # Large enough that the O(N^2) pair block dominates the O(N) column token features.
 SHAPE = Shape(2048, 0, 8)
 

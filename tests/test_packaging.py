@@ -2,7 +2,10 @@
 
 from pathlib import Path
 
+import pytest
 import tomllib
+
+pytestmark = pytest.mark.unit  # in-process: the fast lane (pytest -m unit)
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -10,6 +10,8 @@ import torch.nn.functional as F
 
 from cpbench.models.pairformer import ops
 
+pytestmark = pytest.mark.unit  # in-process: the fast lane (pytest -m unit)
+
 B, Q, K, H, D = 3, 5, 7, 2, 4
 
 

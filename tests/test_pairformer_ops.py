@@ -18,6 +18,8 @@ from cpbench.models.pairformer.modules import (
     TriangleMultiplication,
 )
 
+pytestmark = pytest.mark.unit  # in-process: the fast lane (pytest -m unit)
+
 N, C_Z, C_S = 10, 8, 12
 SMALL = dict(c_s=C_S, c_z=C_Z, n_blocks=1, tri_mul_hidden=6, tri_heads=2, tri_head_width=4, single_heads=3,
              transition_factor=2)  # fmt: skip

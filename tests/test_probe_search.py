@@ -6,6 +6,8 @@ import pytest
 
 from cpbench.probe.search import SearchConfig, Trial, bounds, next_trial
 
+pytestmark = pytest.mark.unit  # in-process: the fast lane (pytest -m unit)
+
 
 def run(cfg: SearchConfig, fits, peak=lambda n: None) -> list[Trial]:
     trials: list[Trial] = []

@@ -3,8 +3,12 @@ counted, oversubscription named. Rows are written with the store's own writer.""
 
 from __future__ import annotations
 
+import pytest
+
 from cpbench.report.single import write_report
 from cpbench.results.folder import RunFolder
+
+pytestmark = pytest.mark.unit  # in-process: the fast lane (pytest -m unit)
 
 
 def _row(n: int, config: str, seed: int, wall: float, iqr: float, kind: str = "point", **values) -> dict:

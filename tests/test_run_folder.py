@@ -11,6 +11,8 @@ from cpbench.probe.search import Trial
 from cpbench.probe.state import ProbeState
 from cpbench.results.folder import RunFolder
 
+pytestmark = pytest.mark.unit  # in-process: the fast lane (pytest -m unit)
+
 ROW = {"workload": "axial_mix", "workflow": "inference", "topology": "1d", "cp": 2, "grid": "2x1",
        "N_tokens": 16, "N_atoms": 144, "MSA_depth": 16, "dtype": "float32", "kind": "point",
        "config_hash": "abc"}  # fmt: skip

@@ -15,6 +15,8 @@ from cpbench.settings.validate import to_settings
 from cpbench.workloads.adapter import FoldCPAdapter
 from cpbench.workloads.fold import FoldWorkload
 
+pytestmark = pytest.mark.unit  # in-process: the fast lane (pytest -m unit)
+
 
 def settings(*overrides: str) -> BenchConfig:
     """The run's typed settings as `python -m cpbench` composes them, in-process."""

@@ -15,20 +15,16 @@ import sys
 from pathlib import Path
 
 import pandas as pd
-from omegaconf import OmegaConf
 
-from cpbench.bench import RunSpec, hashed_config, walltime_points
+from cpbench.bench import RunSpec, walltime_points
 from cpbench.core import DoesNotFit
 from cpbench.launch.local import RankFailure, launch_local
 from cpbench.launch.outcome import close_failed
-from cpbench.report import metadata
 from cpbench.results.folder import RunFolder
 from cpbench.results.row import BASELINE, point_key
 from cpbench.settings.cp1 import cp1_settings
+from cpbench.settings.identity import baseline_key, config_hash
 from cpbench.settings.schema import BenchConfig, Mode, Workflow
-
-# Settings that do not change the cp=1 answer: where and how loudly it is written, how it is launched.
-_NOT_IN_KEY = ("output_dir", "log", "launch", "slurm", "baseline", "job")
 
 
 def plan(settings: BenchConfig) -> BenchConfig | None:
@@ -49,11 +45,7 @@ def compared(settings: BenchConfig) -> bool:
 
 def cache_key(settings: BenchConfig) -> str:
     """The hash of every setting that changes the cp=1 answer: those of `cp1_settings`."""
-    one = cp1_settings(settings)
-    container = OmegaConf.to_container(OmegaConf.structured(one), resolve=True, enum_to_str=True)
-    for key in _NOT_IN_KEY:
-        container.pop(key, None)
-    return metadata.config_hash(OmegaConf.to_yaml(OmegaConf.create(container)))
+    return baseline_key(cp1_settings(settings))
 
 
 def cache_folder(settings: BenchConfig, root: Path) -> RunFolder:
@@ -71,7 +63,7 @@ def _complete(folder: RunFolder, base: BenchConfig) -> bool:
         return True
     if base.workflow is Workflow.convergence:
         return len(folder.read_convergence()) >= base.convergence.steps
-    done = folder.done_keys(hashed_config(base))
+    done = folder.done_keys(config_hash(base))
     points = walltime_points(base)
     if any(point_key("point", s.n_tokens, s.n_atoms, s.msa_depth) not in done for s in points):
         return False
@@ -117,8 +109,8 @@ def baseline_rows(folder: RunFolder, settings: BenchConfig) -> pd.DataFrame:
     frame = folder.read_results()
     if base is None or frame.empty:
         return frame.iloc[0:0]
-    rows = frame[frame["config_hash"] == hashed_config(base)].copy()
-    return rows.assign(source=BASELINE, config_hash=hashed_config(settings))
+    rows = frame[frame["config_hash"] == config_hash(base)].copy()
+    return rows.assign(source=BASELINE, config_hash=config_hash(settings))
 
 
 def attach_baseline(run: RunFolder, settings: BenchConfig, root: Path) -> RunFolder | None:
@@ -126,5 +118,5 @@ def attach_baseline(run: RunFolder, settings: BenchConfig, root: Path) -> RunFol
     any it held; the baseline's folder, or None."""
     folder = run_baseline(settings, root)
     if folder is not None and compared(settings):
-        run.set_baseline(baseline_rows(folder, settings), hashed_config(settings))
+        run.set_baseline(baseline_rows(folder, settings), config_hash(settings))
     return folder

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
 import os
 import platform
 import re
@@ -33,10 +32,6 @@ def project_commit() -> str:
     except (OSError, subprocess.SubprocessError):
         return "unknown"
     return head + ("-dirty" if dirty else "")
-
-
-def config_hash(resolved_yaml: str) -> str:
-    return hashlib.sha256(resolved_yaml.encode()).hexdigest()[:12]
 
 
 def now() -> str:

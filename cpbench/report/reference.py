@@ -17,11 +17,10 @@ import tempfile
 from pathlib import Path
 
 import pandas as pd
-from omegaconf import OmegaConf
 
 import cpbench
-from cpbench.report import metadata
 from cpbench.results.folder import RunFolder
+from cpbench.settings.identity import curve_key
 from cpbench.settings.schema import BenchConfig
 
 REFERENCE_DIR = Path(cpbench.__file__).resolve().parent.parent / "docs" / "reference"
@@ -31,14 +30,6 @@ CONFIGS = {
     "axial_mix_n32": ["workload=axial_mix", "shape.n_tokens=32"],
     "axial_mix_n64": ["workload=axial_mix", "shape.n_tokens=64"],
 }
-_DECIDE = ("workload", "dtype", "shape", "seed", "optim")
-
-
-def curve_key(settings: BenchConfig) -> str:
-    """The hash of the settings a curve depends on."""
-    container = OmegaConf.to_container(OmegaConf.structured(settings), resolve=True, enum_to_str=True)
-    chosen = {key: container[key] for key in _DECIDE}
-    return metadata.config_hash(OmegaConf.to_yaml(OmegaConf.create(chosen)))
 
 
 def find(key: str, directory: Path = REFERENCE_DIR) -> Path | None:
