@@ -67,7 +67,7 @@ class Cell:
 
     def rows(self) -> pd.DataFrame:
         frame = results(self.out)
-        return frame.assign(source=frame["source"].fillna("")) if "source" in frame else frame
+        return frame.assign(source=frame["source"].astype(object).fillna("")) if "source" in frame else frame
 
     def measured(self) -> pd.DataFrame:
         """This run's own rows (not its baseline's)."""
