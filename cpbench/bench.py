@@ -41,8 +41,9 @@ from cpbench.probe.predict import Prediction
 from cpbench.probe.runner import max_fit_row, run_probe, search_config
 from cpbench.probe.search import SearchConfig, Trial
 from cpbench.probe.state import ProbeState
-from cpbench.report import metadata, plots, reference
-from cpbench.report.mllog import MAX_FIT, POINT, TRAIN_LOSS, RunLog, constants
+from cpbench.record import metadata
+from cpbench.record.mllog import MAX_FIT, POINT, TRAIN_LOSS, RunLog, constants
+from cpbench.report import plots, reference
 from cpbench.report.single import write_report
 from cpbench.results.folder import RunFolder
 from cpbench.results.row import BASELINE, ResultRow

@@ -9,7 +9,7 @@ import torch
 
 from cpbench.measure.point import PointSettings, comm_timing
 from cpbench.measure.step import StepClock
-from cpbench.report import nvml
+from cpbench.record import nvml
 
 pytestmark = pytest.mark.unit  # in-process: the fast lane (pytest -m unit)
 

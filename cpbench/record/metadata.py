@@ -15,7 +15,7 @@ import torch
 
 import cpbench
 from cpbench.core import Topology
-from cpbench.report import nvml
+from cpbench.record import nvml
 
 
 def project_commit() -> str:
