@@ -14,7 +14,14 @@ pytestmark = pytest.mark.unit  # in-process: the fast lane (pytest -m unit)
 
 PACKAGE = Path(cpbench.__file__).parent
 # What the lower layers may never import: the layers above them.
-UPPER = ("cpbench.workloads", "cpbench.launch", "cpbench.record", "cpbench.report", "cpbench.bench", "cpbench.__main__")
+UPPER = (
+    "cpbench.workloads",
+    "cpbench.launch",
+    "cpbench.record",
+    "cpbench.report",
+    "cpbench.bench",
+    "cpbench.__main__",
+)
 LOWER = ("core", "models", "distributed", "inputs", "results")
 
 
