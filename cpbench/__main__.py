@@ -22,7 +22,6 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from torch.distributed.elastic.multiprocessing.api import SignalException
 
-from cpbench.bench import RunSpec, run_rank
 from cpbench.callbacks import CheckOutputDir
 from cpbench.checks.accuracy import MISMATCH
 from cpbench.checks.repeat import repeat_spread
@@ -37,6 +36,7 @@ from cpbench.plan.footprint import Snapshot
 from cpbench.probe import predict
 from cpbench.probe.predict import Prediction
 from cpbench.probe.state import ProbeState
+from cpbench.rank import RunSpec, run_rank
 from cpbench.report.markdown import what_changed_lines
 from cpbench.report.single import write_report
 from cpbench.results.folder import FolderLocked, RunFolder

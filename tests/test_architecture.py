@@ -19,7 +19,7 @@ UPPER = (
     "cpbench.launch",
     "cpbench.record",
     "cpbench.report",
-    "cpbench.bench",
+    "cpbench.rank",
     "cpbench.__main__",
 )
 LOWER = ("core", "models", "distributed", "inputs", "results")

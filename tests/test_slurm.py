@@ -210,7 +210,7 @@ def test_a_preempted_job_requeues_and_resumes_mid_sweep(tmp_path, monkeypatch):
     requeues; the point in flight is measured again, the points done are not."""
     from hydra import compose, initialize_config_module
 
-    from cpbench.bench import RunSpec
+    from cpbench.rank import RunSpec
     from cpbench.settings.schema import register
 
     (tmp_path / "slow_steps.py").write_text(SLOW_STEPS)

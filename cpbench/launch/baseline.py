@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from cpbench.bench import RunSpec, walltime_points
 from cpbench.core import DoesNotFit
 from cpbench.launch.local import RankFailure, launch_local
 from cpbench.launch.outcome import close_failed
+from cpbench.rank import RunSpec, walltime_points
 from cpbench.results.folder import RunFolder
 from cpbench.results.row import BASELINE, point_key
 from cpbench.settings.cp1 import cp1_settings

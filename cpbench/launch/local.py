@@ -16,8 +16,8 @@ from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-from cpbench.bench import RunSpec, run_rank
 from cpbench.measure.point import OutOfMemoryAlone
+from cpbench.rank import RunSpec, run_rank
 from cpbench.results.folder import RunFolder
 
 

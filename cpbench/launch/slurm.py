@@ -18,11 +18,11 @@ from submitit.core.utils import FailedJobError
 from submitit.helpers import Checkpointable, DelayedSubmission, TorchDistributedEnvironment
 from submitit.slurm.slurm import SlurmExecutor
 
-from cpbench.bench import RunSpec, run_rank
 from cpbench.core import ConfigError
 from cpbench.launch.local import _CONSEQUENCES
 from cpbench.launch.outcome import close_failed
 from cpbench.probe.state import ProbeState
+from cpbench.rank import RunSpec, run_rank
 from cpbench.results.folder import RunFolder
 from cpbench.settings.schema import BenchConfig
 from cpbench.settings.slurm import SlurmConfig

@@ -1,0 +1,138 @@
+"""The time budget phase: one step timed, the plan estimated and trimmed to budget.minutes before the
+long work (`cpbench.plan.budget`), and again before the probe from the largest point measured. It
+returns the trimmed plan; the run's settings stay as they were given."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, replace
+
+from cpbench.core import Shape
+from cpbench.measure.point import PointSettings
+from cpbench.plan.budget import Plan, Step, Verdict, duration, estimate, fit_budget
+from cpbench.plan.changes import budget_rows
+from cpbench.probe.predict import Prediction
+from cpbench.rank.points import Measurer
+from cpbench.rank.probe import probe_shape, search_for
+from cpbench.rank.session import RankSession
+from cpbench.runtime.logs import LOG
+from cpbench.settings.schema import ProbeConfig
+
+
+@dataclass(frozen=True)
+class Clock:
+    """When the budget's timed step started, and a measurement's cost besides its steps."""
+
+    planned_at: float
+    overhead_s: float
+
+
+@dataclass(frozen=True)
+class Trimmed:
+    """The plan the budget leaves: the points, how each is measured, the probe's settings."""
+
+    points: list[Shape]
+    point_settings: PointSettings
+    probe: ProbeConfig
+    warmed: bool  # the first point's first two warm-up steps ran (the budget's timed step)
+    clock: Clock | None  # None: no budget, or no estimate
+
+
+def fit_plan(
+    measurer: Measurer, todo: list[Shape], settings: PointSettings, prediction: Prediction | None
+) -> Trimmed | None:
+    """Time one step (the first point's second warm-up step: the first carries one-off costs),
+    estimate the plan from it and trim it to budget.minutes. None: refused, nothing runs."""
+    s = measurer.session
+    probe, budget = s.settings.probe, s.settings.budget
+    search = search_for(s, probe, prediction) if probe.enabled else None
+    first = todo[0] if todo else (probe_shape(s, search.start) if search else None)
+    as_set = Trimmed(todo, settings, probe, False, None)
+    if budget.minutes is None or first is None:
+        return as_set
+    s.heartbeat.now(f"budget: timing one step at N={first.n_tokens}")
+    planned_at = time.perf_counter()
+    if s.lead and todo:  # the first point's own warm-up: a crash in it is that point's
+        s.folder.in_flight.start(measurer.row(first, "point", settings.repeats, prediction).as_dict())
+    result = measurer.step(first, replace(settings, warmup=1, repeats=1).fixed())
+    took = s.broadcast(time.perf_counter() - planned_at)  # rank 0's, on every rank
+    if result.status != "ok":
+        LOG.warning("budget: the first step at N=%d did not fit: no estimate, the plan runs as set",
+                    first.n_tokens)  # fmt: skip
+        return as_set
+    clock = Clock(planned_at, max(0.0, took - 2 * result.walltime_ms / 1e3))
+    step = Step(first.n_tokens, result.walltime_ms / 1e3, result.peak_mem_gib, _baseline(s), clock.overhead_s)
+    plan = Plan(tuple(todo), settings.warmup, settings.repeats, search, probe.measure_at_max)
+    verdict = s.broadcast(fit_budget(plan, step, budget.minutes, budget.min_repeats) if s.lead else None)
+    if s.lead:
+        _record_plan(s, plan, step, verdict)
+    if verdict.refusal:
+        if s.lead:  # nothing runs: no point was in flight
+            s.folder.in_flight.abandon()
+        return None
+    trimmed = verdict.plan
+    if trimmed.probe is not None:
+        probe = replace(probe, granularity=trimmed.probe.granularity)
+    points = list(trimmed.points)
+    # Shapes compare by value: every rank reaches the same answer from rank 0's broadcast verdict.
+    warmed = bool(points) and points[0] == first
+    return Trimmed(points, replace(settings, repeats=trimmed.repeats), probe, warmed, clock)
+
+
+def _baseline(session: RankSession) -> float:
+    return session.budget.baseline_gib if session.budget else 0.0
+
+
+def _record_plan(session: RankSession, plan: Plan, step: Step, verdict: Verdict) -> None:
+    minutes = session.settings.budget.minutes
+    line = Verdict(plan, *estimate(plan, step)).summary(minutes, step)  # the plan as set
+    LOG.info("%s", line)
+    cuts = [] if verdict.refusal else list(verdict.cuts)  # refused: nothing is cut, nothing runs
+    for cut in cuts:
+        LOG.warning("budget: cut %s", cut)
+    if cuts:
+        line += f"; trimmed to {verdict.summary(minutes, step).removeprefix('plan: ')}"
+        LOG.info("trimmed %s", verdict.summary(minutes, step))
+    meta = session.folder.read_metadata()
+    meta["what_changed"] += [r.as_dict() for r in budget_rows(cuts)]
+    session.folder.write_metadata(
+        {**meta, "time_budget": {"line": line, "cuts": cuts, "refusal": verdict.refusal}}
+    )
+
+
+def fit_probe(measurer: Measurer, plan: Trimmed, prediction: Prediction | None) -> ProbeConfig:
+    """Before the probe, its estimate again from the largest point measured (its step and peak are
+    nearer the probe's N than the first step's) against the budget left: a coarser granularity when
+    that fits it; else a warning, and the probe runs as trimmed (the points are measured)."""
+    s, largest = measurer.session, measurer.largest
+    if plan.clock is None or largest is None:
+        return plan.probe
+    ps = plan.point_settings
+    shape, result = largest
+    left = s.settings.budget.minutes * 60 - (time.perf_counter() - plan.clock.planned_at)
+    step = Step(
+        shape.n_tokens, result.walltime_ms / 1e3, result.peak_mem_gib, _baseline(s), plan.clock.overhead_s
+    )
+    search = search_for(s, plan.probe, prediction)
+    trial = Plan((), ps.warmup, ps.repeats, search, plan.probe.measure_at_max)
+    verdict = s.broadcast(fit_budget(trial, step, max(left, 1.0) / 60, ps.repeats) if s.lead else None)
+    probe = replace(plan.probe, granularity=verdict.plan.probe.granularity)
+    if not s.lead:
+        return probe
+    line = (
+        f"before the probe: ~{verdict.probe_steps} step(s) and its measurement at the largest fit "
+        f"= ~{duration(verdict.seconds)} (x (N/{step.n})^2 from N={step.n}: {step.seconds:.2g} s a "
+        f"step), {duration(max(left, 0.0))} of the budget left"
+    )
+    LOG.info("budget: %s", line)
+    for cut in verdict.cuts:
+        LOG.warning("budget: cut %s", cut)
+    if verdict.refusal:
+        line += "; over it even so: the probe runs as trimmed"
+        LOG.warning("budget: the probe's estimate is over the budget left; it runs as trimmed")
+    meta = s.folder.read_metadata()
+    record = meta["time_budget"]
+    record.update(probe_line=line, cuts=record["cuts"] + list(verdict.cuts))
+    meta["what_changed"] += [r.as_dict() for r in budget_rows(verdict.cuts)]
+    s.folder.write_metadata(meta)
+    return probe

@@ -1,0 +1,71 @@
+"""The convergence phase: the curve at shape.* (`cpbench.measure.convergence`), then on rank 0 its
+comparison with the reference curve (published, given, or the cp=1 baseline's) and its plot."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cpbench.measure.budget import lift_budget
+from cpbench.measure.convergence import ConvergenceSettings, compare, does_not_fit, run_convergence
+from cpbench.measure.oom import describe, is_oom
+from cpbench.measure.point import PointSettings
+from cpbench.rank.points import Measurer
+from cpbench.record import metadata
+from cpbench.record.mllog import TRAIN_LOSS
+from cpbench.report import plots, reference
+from cpbench.results.folder import RunFolder
+from cpbench.runtime.logs import LOG
+from cpbench.settings.identity import curve_key
+from cpbench.sweep import resolve_shape
+
+
+def converge(measurer: Measurer, settings: PointSettings, baseline: RunFolder | None) -> None:
+    s = measurer.session
+    shape, steps = resolve_shape(s.settings.shape), s.settings.convergence.steps
+    LOG.info(
+        "%s convergence on %s cp=%d: %d step(s) at N=%d -> %s", s.workload_name, s.ctx.topology.label,
+        s.ctx.topology.cp, steps, shape.n_tokens, s.folder.root,
+    )  # fmt: skip
+    key = curve_key(s.settings)
+    how = ConvergenceSettings(
+        steps, s.settings.checkpoint.every, s.settings.seed, settings.fault, key,
+        s.budget.gib if s.budget else None,
+    )  # fmt: skip
+
+    def logged(row: dict[str, Any]) -> None:  # a convergence step into mllog.txt
+        extra = {"step_num": row["step"], "grad_norm": row["grad_norm"], "step_ms": row["step_ms"]}
+        s.mllog.event(TRAIN_LOSS, row["loss"], metadata=extra)
+
+    try:
+        curve = run_convergence(
+            measurer.runner, shape, s.ctx, s.control, s.folder, how, s.heartbeat.step, logged
+        )
+    except Exception as err:  # out of memory outside a step (a checkpoint, a lazy import) too
+        if not is_oom(err):
+            raise
+        failure = f"rank {s.ctx.rank}: {describe(err)}"
+    else:
+        failure = None
+    if failure:  # raised outside the `except` block: its traceback holds the failed frames
+        raise does_not_fit(shape, how.cap_gib, failure)
+    lift_budget(s.ctx.device)  # the comparison and the plot are not measured steps
+    if not s.lead:
+        return
+    meta = s.folder.read_metadata()
+    found = reference.lookup(s.settings, s.folder, baseline)
+    summary: dict[str, Any] = {"curve_key": key, "steps": len(curve)}
+    curves = {f"{s.ctx.topology.label} cp={s.ctx.topology.cp}": curve}
+    if found is not None:
+        path, ref = found
+        c = s.settings.convergence
+        comparison = compare(curve, ref, c.rtol, c.atol)
+        summary.update(reference=str(path), **comparison.as_dict())
+        curves[f"reference ({path.name})"] = ref
+        say = LOG.info if comparison.match else LOG.warning
+        say("convergence vs %s: %s", path, comparison.line())
+    else:
+        LOG.info("convergence: no reference curve for this configuration (key %s)", key)
+    plots.convergence_png(curves, s.folder.convergence_plot)
+    last = curve.iloc[-1]
+    LOG.info("convergence: step %d loss %.9g grad norm %.9g", last.step, last.loss, last.grad_norm)
+    s.folder.write_metadata({**meta, "convergence": summary, "finished": metadata.now()})

@@ -1,0 +1,103 @@
+"""The top-level loop of one rank: its runtime, its session, then its phases in turn."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from hydra.utils import instantiate
+from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
+
+from cpbench.core import DoesNotFit
+from cpbench.measure.budget import lift_budget
+from cpbench.measure.point import OutOfMemoryAlone
+from cpbench.rank.budget import fit_plan, fit_probe
+from cpbench.rank.convergence import converge
+from cpbench.rank.points import Measurer, measure_points
+from cpbench.rank.probe import run_probe_phase
+from cpbench.rank.session import RankSession, broadcast
+from cpbench.rank.spec import RunSpec, walltime_points
+from cpbench.record import metadata
+from cpbench.record.mllog import constants
+from cpbench.report.single import write_report
+from cpbench.results.folder import RunFolder
+from cpbench.runtime import logs
+from cpbench.runtime.logs import LOG
+from cpbench.runtime.rank import rank_runtime
+from cpbench.runtime.seed import deterministic
+from cpbench.settings.schema import Mode, Workflow
+from cpbench.workloads.base import Workload
+
+
+def run_rank(spec: RunSpec, workload: Workload | None = None) -> None:
+    """One rank. `workload` is the one the launching process already built, when it is this rank."""
+    settings = spec.settings
+    dtype = getattr(torch, settings.dtype.value)
+    torch.set_float32_matmul_precision(settings.matmul_precision)  # set every run: a process may run many
+    deterministic(settings.mode is Mode.accuracy)  # before CUDA starts: it sets the cuBLAS workspace
+    d = settings.dist
+    with rank_runtime(spec.topology, d.backend, d.timeout_s, dtype, settings.seed) as ctx:
+        ctx.data_path = settings.data.path
+        # Agreement and result reductions run on their own CPU group, apart from the workload's.
+        control = dist.new_group(backend="gloo", timeout=timedelta(seconds=d.timeout_s))
+        folder = RunFolder(broadcast(spec.output_dir, control))  # rank 0 decides, the others follow
+        logs.setup(ctx.rank, settings.log.all_ranks, folder.rank_log(ctx.rank))
+        try:
+            session = RankSession.open(
+                settings, ctx, control, folder, workload or instantiate(settings.workload)
+            )
+            baseline = RunFolder(spec.reference_dir) if spec.reference_dir and session.lead else None
+            with session.heartbeat, session.mllog:
+                try:
+                    _run(session, spec, baseline)
+                finally:
+                    lift_budget(ctx.device)  # whatever ended the run, what follows is not capped
+        except Exception as err:
+            # Record the root cause before teardown: once this rank leaves, its peers fail too, and
+            # the launcher must be able to tell which rank failed first and why.
+            ErrorHandler().record_exception(err)
+            if isinstance(err, (OutOfMemoryAlone, DoesNotFit)) and ctx.world_size > 1:
+                # Its peers are stuck in a collective it will never join, and tearing down the process
+                # group would wait for them: leave at once, and the launcher ends them too.
+                logging.shutdown()
+                os._exit(1)
+            raise
+
+
+def _run(session: RankSession, spec: RunSpec, baseline: RunFolder | None) -> None:
+    settings, folder = session.settings, session.folder
+    session.mllog.start(constants.INIT_START)
+    if session.lead and (again := folder.in_flight.resume(settings.launch.max_restarts)):
+        LOG.warning("N=%s was in flight when the last run stopped: measured again", again["N_tokens"])
+    point_settings = session.point_settings()
+    session.record_start(spec.what_changed, point_settings)
+    measurer = Measurer(session, baseline)
+    session.mllog.end(constants.INIT_STOP)
+    session.mllog.start(constants.RUN_START)
+    if settings.workflow is Workflow.convergence:
+        converge(measurer, point_settings, baseline)
+        return
+    measurer.done = session.broadcast(folder.done_keys(session.config_hash) if session.lead else None)
+    todo = [
+        shape for shape in walltime_points(settings)
+        if measurer.row(shape, "point", point_settings.repeats, None).key not in measurer.done
+    ]  # fmt: skip
+    plan = fit_plan(measurer, todo, point_settings, spec.prediction)
+    if plan is None:  # the time budget refused it: nothing runs
+        return
+    measure_points(measurer, plan.points, plan.point_settings, spec.prediction, plan.warmed)
+    if settings.probe.enabled:
+        probe = fit_probe(measurer, plan, spec.prediction)
+        run_probe_phase(measurer, probe, plan.point_settings, spec.prediction)
+    lift_budget(session.ctx.device)  # the cap is for the measured steps: the report is not one of them
+    if session.lead:
+        # When it ended, so that a merge can tell runs that overlapped on one host.
+        meta = {**folder.read_metadata(), "finished": metadata.now()}
+        if meta.get("time_budget") and plan.clock is not None:  # the estimate's error, shown
+            meta["time_budget"]["took_s"] = time.perf_counter() - plan.clock.planned_at
+        folder.write_metadata(meta)
+        LOG.info("report: %s", write_report(folder.root))

@@ -1,0 +1,117 @@
+"""What every phase of a rank shares: its settings, context, control group, run folder and records.
+Built once per rank; the phases read it and never change the settings in it."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch.distributed as dist
+
+from cpbench.core import RankContext
+from cpbench.measure.budget import apply_budget
+from cpbench.measure.fault import Fault
+from cpbench.measure.point import Budget, PointSettings, comm_timing
+from cpbench.record import metadata
+from cpbench.record.mllog import RunLog
+from cpbench.results.folder import RunFolder
+from cpbench.runtime import logs
+from cpbench.runtime.logs import LOG
+from cpbench.runtime.rank import pick_backend
+from cpbench.settings.identity import config_hash
+from cpbench.settings.schema import BenchConfig, Mode, Workflow
+from cpbench.workloads.base import Workload
+
+
+def broadcast(value: Any, group: dist.ProcessGroup) -> Any:
+    """Rank 0's value on every rank."""
+    box = [value]
+    dist.broadcast_object_list(box, src=0, group=group)
+    return box[0]
+
+
+@dataclass
+class RankSession:
+    settings: BenchConfig
+    ctx: RankContext
+    control: dist.ProcessGroup  # agreement and result reductions, apart from the workload's groups
+    folder: RunFolder
+    workload: Workload
+    budget: Budget | None  # the per-rank memory cap, applied
+    heartbeat: logs.Heartbeat
+    mllog: RunLog
+
+    @classmethod
+    def open(
+        cls, settings: BenchConfig, ctx: RankContext, control: dist.ProcessGroup, folder: RunFolder,
+        workload: Workload,
+    ) -> RankSession:  # fmt: skip
+        lead = ctx.rank == 0
+        heartbeat = logs.Heartbeat(settings.log.heartbeat_s if lead else None)
+        mllog = RunLog(folder.mllog if lead else None)
+        return cls(settings, ctx, control, folder, workload, memory_budget(settings, ctx), heartbeat, mllog)
+
+    @property
+    def lead(self) -> bool:
+        return self.ctx.rank == 0
+
+    @property
+    def train(self) -> bool:
+        return self.settings.workflow in (Workflow.training, Workflow.convergence)
+
+    @property
+    def config_hash(self) -> str:
+        return config_hash(self.settings)
+
+    @property
+    def workload_name(self) -> str:
+        return getattr(self.workload, "name", type(self.workload).__name__)
+
+    def broadcast(self, value: Any) -> Any:
+        return broadcast(value, self.control)
+
+    def record_start(self, what_changed: list[dict[str, Any]], point_settings: PointSettings) -> None:
+        """run.json's metadata and mllog's submission (rank 0)."""
+        if not self.lead:
+            return
+        settings, ctx, budget = self.settings, self.ctx, self.budget
+        meta = metadata.collect(
+            ctx.device, pick_backend(settings.dist.backend), ctx.topology, ctx.world_size,
+            int(os.environ.get("LOCAL_WORLD_SIZE", ctx.world_size)), self.config_hash,
+        )  # fmt: skip
+        meta.update(seed=settings.seed, budget_gib=budget and budget.gib)
+        meta.update(baseline_gib=budget and budget.baseline_gib, what_changed=what_changed)
+        meta.update(comm_timing=comm_timing(ctx.device, point_settings))
+        self.folder.write_metadata(meta)
+        self.mllog.submission(
+            meta, self.workload_name, settings.workflow.value, ctx.topology.cp, settings.seed
+        )
+        if meta["ranks_per_device"] > 1:
+            LOG.warning(
+                "oversubscribed: %s; walltimes and the comm share are not meaningful",
+                meta["oversubscribed"].removeprefix("yes (").removesuffix(")"),
+            )
+
+    def point_settings(self) -> PointSettings:
+        """How every point of the run is measured, from the settings (the time budget may trim its
+        repeats: a new PointSettings, never this one changed)."""
+        settings, timing, f = self.settings, self.settings.timing, self.settings.fault
+        measured = PointSettings(
+            warmup=timing.warmup, repeats=timing.repeats, warmup_max=timing.warmup_max,
+            repeats_max=timing.repeats_max, settle_pct=timing.settle_pct, iqr_pct=timing.iqr_pct,
+            budget=self.budget, fault=Fault(f.rank, f.at_n, f.where, f.kind, f.at_step),
+            agree_wait_s=settings.dist.agree_timeout_s, seed=settings.seed,
+            counts_comm=getattr(self.workload, "counts_comm", False),
+            profile_comm=settings.measure.profile_comm, progress=self.heartbeat.step,
+        )  # fmt: skip
+        # Runs compared with each other take the same steps (training moves the weights).
+        return measured.fixed() if settings.mode is Mode.accuracy else measured
+
+
+def memory_budget(settings: BenchConfig, ctx: RankContext) -> Budget | None:
+    """The per-rank cap, applied: memory.budget_gib, or on CPU memory.cpu_budget_gib when that is null."""
+    gib = settings.memory.budget_gib
+    if gib is None and ctx.device.type == "cpu":
+        gib = settings.memory.cpu_budget_gib
+    return None if gib is None else Budget(gib, apply_budget(gib, ctx.device))

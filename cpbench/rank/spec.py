@@ -1,0 +1,38 @@
+"""What a rank process receives from the process that launched it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from cpbench.core import Shape, Topology
+from cpbench.inputs import load_features
+from cpbench.probe.predict import Prediction
+from cpbench.settings.schema import BenchConfig
+from cpbench.sweep import sweep_points
+
+
+@dataclass
+class RunSpec:
+    """The validated settings and where to write."""
+
+    settings: BenchConfig
+    output_dir: str
+    # The what-changed table (`cpbench.plan.changes`), made before launch; rank 0 records it in run.json.
+    what_changed: list[dict[str, Any]] = field(default_factory=list)
+    # The cp=1 run beside this one: mode=accuracy checks every point against it; a convergence curve
+    # is compared with it when no published one is found.
+    reference_dir: str | None = None
+    prediction: Prediction | None = None  # probe.predict: made before the ranks started
+
+    @property
+    def topology(self) -> Topology:
+        t = self.settings.topology
+        return Topology.from_config(t.kind, t.cp, t.grid)
+
+
+def walltime_points(settings: BenchConfig) -> list[Shape]:
+    """The points a run measures: the feature file's one shape, else the product of the sweep lists."""
+    if settings.data.path:
+        return [load_features(settings.data.path).shape]
+    return sweep_points(settings.shape, settings.sweep)
