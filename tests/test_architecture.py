@@ -20,6 +20,7 @@ UPPER = (
     "cpbench.record",
     "cpbench.report",
     "cpbench.rank",
+    "cpbench.app",
     "cpbench.__main__",
 )
 LOWER = ("core", "models", "distributed", "inputs", "results")

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_module
 
-from cpbench.__main__ import _checked
+from cpbench.app.checks import checked
 from cpbench.core import ConfigError
 from cpbench.experiment.plan import (
     BASELINE,
@@ -164,4 +164,4 @@ def test_max_n_is_judged_against_both_reference_measurements():
 def test_every_shipped_plan_composes_and_checks_as_a_run(name, tmp_path):
     with initialize_config_module("cpbench.configs", version_base="1.3"):
         cfg = compose("config", [f"experiment={name}", f"output_dir={tmp_path}"])
-        PlanRun(cfg, [], _checked, run_one=lambda c: 1).check_all()
+        PlanRun(cfg, [], checked, run_one=lambda c: 1).check_all()

@@ -18,7 +18,7 @@ import torch.distributed as dist
 from conftest import cpbench, ok, results
 from omegaconf import OmegaConf
 
-from cpbench.__main__ import _check_runs_of_its_own
+from cpbench.app.checks import check_runs_of_its_own
 from cpbench.checks.accuracy import check_point, disagreements, tolerance
 from cpbench.checks.repeat import repeat_spread, spread
 from cpbench.core import ConfigError, Shape, Topology
@@ -138,8 +138,8 @@ def test_bad_settings_are_one_line_each(override, message):
 def test_modes_that_launch_runs_of_their_own_refuse_torchrun(monkeypatch):
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "x")
     with pytest.raises(ConfigError, match="^mode=accuracy: it launches runs of its own"):
-        _check_runs_of_its_own(_settings("mode=accuracy"))
-    _check_runs_of_its_own(_settings())  # speed mode runs under torchrun as before
+        check_runs_of_its_own(_settings("mode=accuracy"))
+    check_runs_of_its_own(_settings())  # speed mode runs under torchrun as before
 
 
 # Real runs.

@@ -92,11 +92,11 @@ class _CustomKernel:
 
 
 def test_an_op_without_a_fake_implementation_falls_back_naming_it(capsys):
-    from cpbench.__main__ import _predict
+    from cpbench.app.campaign import fake_tensor_estimate
 
     settings = BenchConfig(workload=None, output_dir="unused")
     settings.memory.budget_gib, settings.probe.enabled, settings.probe.predict = 1.0, True, True
-    assert _predict(settings, _CustomKernel(), Topology.from_config("1d", 2, None), None) is None
+    assert fake_tensor_estimate(settings, _CustomKernel(), Topology.from_config("1d", 2, None), None) is None
     line = capsys.readouterr().err.strip()
     assert "cpbench_test.opaque" in line and line.endswith("the plain probe runs") and "\n" not in line
 

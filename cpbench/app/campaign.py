@@ -1,0 +1,260 @@
+"""One run as the user asked for it: validated, locked, its what-changed table, the estimate, its cp=1
+baseline, the ranks launched (or submitted), then accuracy's and repeat_check's verdicts; the exit code.
+Only the app prints to the console for the user and chooses exit codes."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+import os
+import sys
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+from torch.distributed.elastic.multiprocessing.api import SignalException
+
+from cpbench.app.checks import checked, in_submitit_job, under_torchrun
+from cpbench.app.interrupt import Interrupted, close_interrupted, in_flight, signals_end_the_run
+from cpbench.checks.accuracy import MISMATCH
+from cpbench.checks.repeat import repeat_spread
+from cpbench.core import ConfigError, DoesNotFit, Topology
+from cpbench.launch import slurm
+from cpbench.launch.baseline import attach_baseline, refusal
+from cpbench.launch.local import RankFailure, launch_local
+from cpbench.launch.outcome import close_failed
+from cpbench.plan.changes import load_job, what_changed
+from cpbench.plan.footprint import Snapshot
+from cpbench.probe import predict
+from cpbench.probe.predict import Prediction
+from cpbench.rank import RunSpec, run_rank
+from cpbench.report.markdown import what_changed_lines
+from cpbench.report.single import write_report
+from cpbench.results.folder import FolderLocked, RunFolder
+from cpbench.runtime.seed import deterministic
+from cpbench.settings.identity import config_hash
+from cpbench.settings.schema import BenchConfig, Mode
+from cpbench.workloads.base import Workload
+
+
+def run(cfg: DictConfig, in_sweep: bool = False, baseline_root: Path | None = None) -> int:
+    """Validate, then run as one rank (torchrun, or cp=1), launch the ranks, or submit them to SLURM.
+    Returns the exit code. In a sweep (`in_sweep`) every failure is recorded in failure.json and even
+    cp=1 runs in its own process, so that one job leaves nothing behind in the next. A CP run launched
+    here first measures (or finds in the cache under `baseline_root`, default output_dir itself) its
+    cp=1 baseline."""
+    folder = RunFolder(Path(cfg.output_dir).resolve())
+    try:
+        settings, topology, workload = checked(cfg)
+        deterministic(settings.mode is Mode.accuracy)  # before anything starts CUDA in this process
+        changes = _what_changed(settings, workload)
+    except ConfigError as err:
+        print(f"cpbench: error: {err}", file=sys.stderr)
+        if in_sweep:
+            cp = cfg.topology.cp
+            folder.record_failure(2, str(err), cp=cp if isinstance(cp, int) else None)
+        elif folder.root.is_dir() and not any(folder.root.iterdir()):
+            folder.root.rmdir()  # Hydra made it for this run; a rejected run leaves nothing
+        return 2
+    # One run per folder: the process that launches the ranks (or, under torchrun, rank 0) holds it.
+    holds_lock = os.environ.get("RANK", "0") == "0"
+    # In a sweep the other jobs' folders (and the merged report) are the sweep's own writes.
+    before = None
+    if holds_lock and not settings.slurm.enabled:
+        before = Snapshot.take(Path.cwd(), (folder.root, folder.root.parent) if in_sweep else (folder.root,))
+    try:
+        with folder.lock() if holds_lock else contextlib.nullcontext():
+            folder.clear_failure()
+            if holds_lock:  # once the folder is this run's: a refused run says only why
+                print("cpbench: what differs from the real job (docs/budget.md):", file=sys.stderr)
+                print("\n".join(what_changed_lines(changes)), file=sys.stderr)
+            spec = RunSpec(settings=settings, output_dir=str(folder.root), what_changed=changes)
+            if settings.probe.predict or settings.probe.predict_only:
+                lead = folder if holds_lock else None
+                spec.prediction = fake_tensor_estimate(settings, workload, topology, lead)
+                if settings.probe.predict_only:
+                    return 0 if spec.prediction else 1
+            if holds_lock and not under_torchrun():
+                base = attach_baseline(folder, settings, baseline_root or folder.root)
+                if base is not None and (refused := refusal(base)):
+                    print(f"cpbench: the cp=1 baseline: {refused} (baseline=false runs without it)",
+                          file=sys.stderr)  # fmt: skip
+                    return 2
+                if settings.mode is Mode.accuracy and base is None:
+                    return _no_reference(folder, topology.cp)
+                # mode=accuracy checks every point against it; a convergence curve is compared with it
+                # when no published curve is found.
+                spec.reference_dir = str(base.root) if base is not None else None
+            with signals_end_the_run():
+                code = _run(spec, workload, topology.cp, in_sweep)
+        if before is not None:
+            _check_footprint(folder, before)
+        refused = refusal(folder) if holds_lock else None
+        if code == 0 and refused:
+            print(f"cpbench: {refused}", file=sys.stderr)
+            return 2
+        return code
+    except FolderLocked as err:
+        print(f"cpbench: error: {err}", file=sys.stderr)
+        return 2
+    except (KeyboardInterrupt, Interrupted, SignalException) as stop:
+        return close_interrupted(folder, topology.cp, stop)
+
+
+def _what_changed(settings: BenchConfig, workload: Workload) -> list[dict]:
+    """The what-changed table's rows, against the workload's real job or the user's `job=` file."""
+    job = load_job(settings.job) if settings.job else None
+    config = OmegaConf.to_container(OmegaConf.structured(settings), resolve=True, enum_to_str=True)
+    return [row.as_dict() for row in what_changed(config, getattr(workload, "real_job", ()), job)]
+
+
+def _check_footprint(folder: RunFolder, before: Snapshot) -> None:
+    """Nothing left behind, checked after the run; the finding goes into run.json and the report."""
+    found = before.compare()
+    if found["left"]:
+        print(f"cpbench: {found['line']}", file=sys.stderr)
+    if folder.run_json.exists():
+        folder.write_metadata({**folder.read_metadata(), "footprint": found})
+        if folder.report.exists():
+            write_report(folder.root)
+
+
+def fake_tensor_estimate(
+    settings: BenchConfig, workload: Workload, topology: Topology, folder: RunFolder | None
+) -> Prediction | None:
+    """The fake-tensor estimate, made here before any process group starts (under torchrun, by each
+    rank before it joins); the lock holder records it in prediction.json and prints it when alone."""
+    try:
+        prediction = predict.for_run(settings, workload, topology)
+    except predict.CannotTrace as err:
+        then = "no estimate" if settings.probe.predict_only else "the plain probe runs"
+        print(f"cpbench: probe.predict: cannot run on fake tensors: {err}; {then}", file=sys.stderr)
+        return None
+    if folder is None:
+        return prediction
+    folder.write_json(folder.prediction, prediction.as_json())
+    if settings.probe.predict_only:
+        print("\n".join(predict.summary(prediction)))
+    else:
+        print(
+            f"cpbench: probe.predict: max N_tokens {prediction.proposal or 'none'} predicted within "
+            f"{prediction.budget_gib:g} GiB per rank; real steps confirm it",
+            file=sys.stderr,
+        )
+    return prediction
+
+
+def _run(spec: RunSpec, workload: Workload, cp: int, in_sweep: bool) -> int:
+    settings = spec.settings
+    if settings.slurm.enabled:
+        return _submit(spec, cp, in_sweep)
+    if under_torchrun():
+        run_rank(spec, workload)
+        return 0
+    code = _run_local(spec, workload, cp, in_sweep)
+    if code == 0 and settings.repeat_check:
+        code = _repeat_check(spec, cp, in_sweep)
+    if code == 0 and settings.mode is Mode.accuracy:
+        code = _accuracy_outcome(RunFolder(spec.output_dir), config_hash(settings))
+    return code
+
+
+def _no_reference(folder: RunFolder, cp: int) -> int:
+    """mode=accuracy without its cp=1 reference (it failed, or the ranks run elsewhere): no check."""
+    error = "mode=accuracy: the cp=1 reference run did not finish (see baseline/ in output_dir)"
+    close_failed(folder, cp, "error", error)
+    print(f"cpbench: error: {error}", file=sys.stderr)
+    return 1
+
+
+def _repeat_check(spec: RunSpec, cp: int, in_sweep: bool) -> int:
+    """Run the configuration's points again (repeat_check - 1 more runs, without the probe) and record
+    each figure's spread over all the runs in run.json and the report."""
+    folder, settings = RunFolder(spec.output_dir), spec.settings
+    again = copy.deepcopy(settings)
+    again.repeat_check, again.probe.enabled = 0, False
+    folders = [folder]
+    for number in range(2, settings.repeat_check + 1):
+        run = folder.repeat_run(number)
+        print(
+            f"cpbench: repeat_check: run {number} of {settings.repeat_check} -> {run.root}", file=sys.stderr
+        )
+        code = _run_local(
+            dataclasses.replace(spec, settings=again, output_dir=str(run.root)), None, cp, in_sweep
+        )
+        if code:
+            return code
+        folders.append(run)
+    spread = repeat_spread([f.read_results() for f in folders], config_hash(settings))
+    folder.write_metadata({**folder.read_metadata(), "repeat_check": spread})
+    write_report(folder.root)
+    figures = ", ".join(f"{name} {value:.3g}" for name, value in spread["tolerance"].items())
+    print(
+        f"cpbench: repeat_check: largest relative spread over {spread['runs']} runs: {figures}",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def _accuracy_outcome(folder: RunFolder, config_hash: str) -> int:
+    """1 when a point disagrees with the cp=1 run, each named with both values."""
+    frame = folder.read_results()
+    failed = frame[(frame["status"] == MISMATCH) & (frame["config_hash"] == config_hash)]
+    for row in failed.itertuples():
+        print(f"cpbench: N={row.N_tokens} differs from cp=1: {row.error}", file=sys.stderr)
+    return 1 if len(failed) else 0
+
+
+def _run_local(spec: RunSpec, workload: Workload | None, cp: int, in_sweep: bool) -> int:
+    """The ranks of one run on this machine: in this process (cp=1 outside a sweep), or launched."""
+    folder = RunFolder(spec.output_dir)
+    try:
+        if cp == 1 and not in_sweep:
+            run_rank(spec, workload)
+        else:
+            launch_local(spec, cp, spec.settings.launch.max_restarts)
+    except DoesNotFit as err:  # in this process
+        return _does_not_fit(folder, cp, str(err))
+    except RankFailure as failure:
+        if failure.error_type == DoesNotFit.__name__:
+            return _does_not_fit(folder, cp, failure.message)
+        status = "crashed" if failure.crashed else "error"
+        close_failed(folder, cp, status, str(failure), 1, failure.traceback)
+        print(f"cpbench: {failure}", file=sys.stderr)
+        if failure.traceback:
+            print(failure.traceback, file=sys.stderr)
+        if failure.crashed and (where := in_flight(folder)):
+            print(f"cpbench: {where} was in flight: the next run tries it again", file=sys.stderr)
+        print(f"cpbench: rows measured so far are in {folder.results}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _does_not_fit(folder: RunFolder, cp: int, error: str) -> int:
+    """A run of one fixed shape that ran out of memory: its one line, and the setting to change."""
+    close_failed(folder, cp, "oom", error, 2)
+    print(f"cpbench: error: {error}", file=sys.stderr)
+    return 2
+
+
+def _submit(spec: RunSpec, cp: int, in_sweep: bool) -> int:
+    """One SLURM job of cp tasks through submitit; wait for it unless told not to. A multirun under
+    Hydra's basic launcher leaves the waiting to the end of the sweep, so its jobs run side by side."""
+    folder, settings = RunFolder(spec.output_dir), spec.settings
+    if settings.slurm.dry_run:
+        path = slurm.write_script(settings, folder, cp)
+        print(path.read_text())
+        print(f"cpbench: sbatch script written, nothing submitted: {path}", file=sys.stderr)
+        return 0
+    job = slurm.submit(spec, cp)
+    print(
+        f"cpbench: submitted {settings.slurm.cluster} job {job.job_id} "
+        f"({slurm.layout(cp, settings.slurm)}) -> {folder.root}",
+        file=sys.stderr,
+    )
+    if not settings.slurm.wait:
+        return 0
+    if in_sweep and not in_submitit_job():
+        slurm.defer(job, folder, cp)
+        return 0
+    return slurm.finish(job, folder, cp)
