@@ -1,4 +1,5 @@
-"""Fold inputs: the inventory contract, synthesized shard by shard, or read from a feature file.
+"""Fold inputs: the inventory contract, synthesized shard by shard, or read from a feature file or a
+complex (AlphaFold3 JSON, Boltz YAML).
 
     shard = synthesize(shape, topology, coords, seed)            # this rank's shard, made here
     shard = shard_features(load_features(path), topology, coords) # this rank's shard of a file
@@ -25,7 +26,8 @@ from cpbench.inputs.synth import synthesize
 def fold_inputs(shape: Shape, ctx: RankContext) -> FoldShard:
     """This rank's shard of the run's inputs: the user's file (`data.path`) or synthesized ones."""
     if ctx.data_path:
-        return shard_features(load_features(ctx.data_path), ctx.topology, ctx.coords, shape.msa_depth)
+        features = load_features(ctx.data_path, seed=ctx.seed)
+        return shard_features(features, ctx.topology, ctx.coords, shape.msa_depth)
     return synthesize(shape, ctx.topology, ctx.coords, ctx.seed)
 
 
