@@ -21,7 +21,7 @@ from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
 
 from cpbench.checks import accuracy
 from cpbench.core import RankContext, Shape, Topology
-from cpbench.inputs import load_features
+from cpbench.inputs import input_columns, input_point
 from cpbench.measure.budget import apply_budget
 from cpbench.measure.convergence import ConvergenceSettings, compare, run_convergence
 from cpbench.measure.fault import Fault
@@ -137,7 +137,7 @@ def hashed_config(settings: BenchConfig) -> str:
 def walltime_points(settings: BenchConfig) -> list[Shape]:
     """The points a run measures: the feature file's one shape, else the product of the sweep lists."""
     if settings.data.path:
-        return [load_features(settings.data.path).shape]
+        return [input_point(settings.data.path, settings.seed, settings.data.msa_depth)]
     return sweep_points(settings.shape, settings.sweep)
 
 
@@ -565,6 +565,7 @@ class Bench:
             budget_gib=budget.gib if (budget := self.point_settings.budget) else None,
             baseline_gib=budget.baseline_gib if budget else None,
             predicted_peak_gib=self.predicted_gib(shape.n_tokens),
+            **input_columns(settings.data.path, settings.seed),
         )  # fmt: skip
 
     def predicted_gib(self, n_tokens: int) -> float | None:
