@@ -67,10 +67,13 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
 
 
 def like_for_like(frame: pd.DataFrame) -> list[tuple[tuple[Any, ...], pd.DataFrame]]:
-    """The groups of rows that may be compared, each keyed by (workload, workflow, dtype)."""
+    """The groups of rows that may be compared, each keyed by (workload, workflow, dtype), and by the
+    input file where rows have one (two complexes of one size are different experiments)."""
     if frame.empty:
         return []
     keys = [c for c in LIKE_FOR_LIKE if c in frame.columns]
+    if "input" in frame.columns and frame["input"].replace("", None).notna().any():
+        keys.append("input")
     return [(key, group) for key, group in frame.groupby(keys, sort=False, dropna=False)]
 
 
