@@ -12,7 +12,8 @@ import pytest
 import yaml
 from rdkit import Chem
 
-from cpbench.inputs import RES_TYPES, load_features
+from cpbench.core import Shape
+from cpbench.inputs import RES_TYPES, input_columns, input_point, load_features
 from cpbench.inputs.ccd import TABLE
 from cpbench.inputs.contract import deletion_value_of
 from cpbench.inputs.convert import main as convert
@@ -180,3 +181,11 @@ def test_boltz_bond_constraints_and_ccd_list(tmp_path):
            "constraints": [{"bond": {"atom1": ["A", 2, "SG"], "atom2": ["L", 1, "S"]}}]}  # fmt: skip
     f = load_features(write(tmp_path, doc, "x.yaml")).arrays
     assert len(f["res_type"]) == 3 + 5 and f["token_bonds"][1, 3] and f["msa"].shape == (1, 8)
+
+
+def test_data_msa_depth_caps_the_rows_run_and_the_row_keeps_the_inputs_own():
+    path = str(EXAMPLES / "msa_ligand.yaml")
+    assert input_point(path, 0, None) == Shape(167, 1059, 32)
+    assert input_point(path, 0, 8) == Shape(167, 1059, 8) and input_point(path, 0, 64).msa_depth == 32
+    assert input_columns(path, 0) == {"input": "msa_ligand", "chains": 3, "input_msa_depth": 32}
+    assert input_columns(None, 0) == {}
