@@ -29,7 +29,6 @@ from cpbench.inputs.contract import (
     DNA,
     GAP,
     LIGAND,
-    NUM_ELEMENTS,
     NUM_NAME_CHARS,
     PROTEIN,
     RES_TYPES,
@@ -120,8 +119,6 @@ def _bundled(code: str, where: str, what: str) -> Component:
         bundled = f"bundled: {', '.join(bundled_codes())}"
         hint = "give the ligand as a SMILES instead" if what == "ligand" else bundled
         raise InputError(f"{where}: CCD code '{code}' is not in cpbench's bundled table ({hint})")
-    if max(comp.elements) >= NUM_ELEMENTS:
-        raise InputError(f"{where}: CCD code '{code}' holds an element beyond {NUM_ELEMENTS - 1}")
     return comp
 
 
@@ -190,8 +187,6 @@ def _ligand(builder: _Builder, entity: Entity, chain: tuple[int, ...]) -> list[_
             raise InputError(f"{entity.where}: {err}") from None
     else:
         comps = [_bundled(code, entity.where, "ligand") for code in entity.ccd_codes]
-        if not comps:
-            raise InputError(f"{entity.where}: 'ccdCodes' is empty")
     return [builder.add_residue(comp, True, UNK, chain, r, None) for r, comp in enumerate(comps)]
 
 
