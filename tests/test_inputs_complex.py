@@ -189,3 +189,19 @@ def test_data_msa_depth_caps_the_rows_run_and_the_row_keeps_the_inputs_own():
     assert input_point(path, 0, 8) == Shape(167, 1059, 8) and input_point(path, 0, 64).msa_depth == 32
     assert input_columns(path, 0) == {"input": "msa_ligand", "chains": 3, "input_msa_depth": 32}
     assert input_columns(None, 0) == {}
+
+
+def test_a_gzipped_a3m_and_a_yml_suffix_read_as_the_plain_ones(tmp_path):
+    import gzip
+
+    text = ">q\nGAS\n>h\nGaA-\n"
+    (tmp_path / "m.a3m.gz").write_bytes(gzip.compress(text.encode()))
+
+    def doc(msa: str) -> dict:
+        return {"sequences": [{"protein": {"id": "A", "sequence": "GAS", "msa": msa}}]}
+
+    plain = load_features(write(tmp_path, doc("m.a3m"), "x.yaml", **{"m.a3m": text})).arrays
+    zipped = load_features(write(tmp_path, doc("m.a3m.gz"), "x.yml")).arrays
+    assert plain["msa"].shape == (2, 3) and plain["deletion_value"][1, 1] > 0
+    for key, values in plain.items():
+        np.testing.assert_array_equal(zipped[key], values, err_msg=key)
