@@ -167,7 +167,7 @@ def test_bad_files_are_rejected_by_name(tmp_path, arrays, case):
 def test_bad_file_kinds(tmp_path, arrays):
     with pytest.raises(FeatureError, match="no such file"):
         load_features(str(tmp_path / "absent.npz"))
-    other = tmp_path / "features.json"
+    other = tmp_path / "features.txt"  # .json and .yaml are complexes (tests/test_inputs_complex.py)
     other.write_text("{}")
     with pytest.raises(FeatureError, match=r"expected a \.npz file or a torch file"):
         load_features(str(other))

@@ -1,6 +1,6 @@
-"""Real inputs: a user's feature file (.npz, or a torch file holding a dict of tensors), checked
-against the contract with errors that name the feature and what was expected, then sharded with
-the same layout as synthesized inputs."""
+"""Real inputs: a user's feature file (.npz, or a torch file holding a dict of tensors) or complex
+(AlphaFold3 JSON, Boltz YAML: `cpbench.inputs.structure`), checked against the contract with errors
+that name the feature and what was expected, then sharded with the same layout as synthesized inputs."""
 
 from __future__ import annotations
 
@@ -18,6 +18,8 @@ from cpbench.inputs.contract import FEATURES, NUM_RES_TYPES, FeatureSpec, group
 from cpbench.inputs.shard import FoldShard, build_shard
 
 TORCH_SUFFIXES = (".pt", ".pth", ".torch")
+COMPLEX_SUFFIXES = (".json", ".yaml", ".yml")  # cpbench.inputs.structure reads them
+NAME_MEMBER = "input_name"  # an .npz may name its input (cpbench.inputs.convert writes it)
 
 
 class FeatureError(ValueError):
@@ -31,6 +33,7 @@ class FoldFeatures:
 
     arrays: dict[str, np.ndarray]
     path: str | None = None
+    name: str | None = None  # the input's name: a JSON's `name`, else the file's stem
     n_tokens: int = field(init=False)
     n_atoms: int = field(init=False)
     msa_depth: int = field(init=False)
@@ -44,6 +47,10 @@ class FoldFeatures:
     def shape(self) -> Shape:
         """The file's N_tokens, N_atoms and S, as results record them."""
         return Shape(n_tokens=self.n_tokens, n_atoms=self.n_atoms, msa_depth=self.msa_depth)
+
+    @property
+    def n_chains(self) -> int:
+        return len(np.unique(self.arrays["asym_id"]))
 
 
 def _expected(spec: FeatureSpec) -> str:
@@ -139,7 +146,9 @@ def _derive(arrays: dict[str, np.ndarray], n: int, m: int) -> None:
         arrays["deletion_mean"] = (total / rows).astype(np.float32)
 
 
-def validate_features(raw: Mapping[str, Any], path: str | None = None) -> FoldFeatures:
+def validate_features(
+    raw: Mapping[str, Any], path: str | None = None, name: str | None = None
+) -> FoldFeatures:
     """Whole-input features from a mapping of arrays or tensors, checked against the contract.
     Names outside the contract are ignored; padded tokens and atoms are stripped."""
     missing = [spec for spec in FEATURES if spec.required and spec.name not in raw]
@@ -199,7 +208,7 @@ def validate_features(raw: Mapping[str, Any], path: str | None = None) -> FoldFe
         raise FeatureError("feature 'token_bonds': must be symmetric")
     _derive(arrays, n, m)
     kept = {spec.name: arrays[spec.name] for spec in FEATURES if spec.name != "pair_mask"}
-    return FoldFeatures(arrays=kept, path=path)
+    return FoldFeatures(arrays=kept, path=path, name=name)
 
 
 def _first_line(err: BaseException) -> str:
@@ -223,13 +232,24 @@ def _read_npz(file: Path) -> dict[str, np.ndarray]:
     return arrays
 
 
-def load_features(path: str) -> FoldFeatures:
-    """A feature file (.npz, or a torch file of a dict of tensors) checked against the contract."""
+def load_features(path: str, seed: int = 0) -> FoldFeatures:
+    """A feature file (.npz, or a torch file of a dict of tensors) or a complex (.json, .yaml), checked
+    against the contract. `seed` draws a complex's ligand conformers (the run's seed)."""
     file = Path(path)
     if not file.is_file():
         raise FeatureError(f"data.path={path}: no such file")
-    if file.suffix == ".npz":
+    name = file.stem
+    if file.suffix in COMPLEX_SUFFIXES:
+        from cpbench.inputs.structure import structure_features  # it imports this module
+
+        try:
+            name, raw = structure_features(file, seed)
+        except FeatureError as err:
+            raise FeatureError(f"{path}: {err}") from None
+    elif file.suffix == ".npz":
         raw: Mapping[str, Any] = _read_npz(file)
+        if NAME_MEMBER in raw and raw[NAME_MEMBER].dtype.kind == "U" and raw[NAME_MEMBER].ndim == 0:
+            name = str(raw[NAME_MEMBER])
     elif file.suffix in TORCH_SUFFIXES:
         try:
             raw = torch.load(file, map_location="cpu", weights_only=True)
@@ -240,16 +260,23 @@ def load_features(path: str) -> FoldFeatures:
                 f"{path}: a torch feature file must hold a dict of tensors, got {type(raw).__name__}"
             )
     else:
-        raise FeatureError(f"{path}: expected a .npz file or a torch file ({', '.join(TORCH_SUFFIXES)})")
+        raise FeatureError(
+            f"{path}: expected a .npz file or a torch file ({', '.join(TORCH_SUFFIXES)}), "
+            "or a complex: AlphaFold3 .json, Boltz .yaml"
+        )
     try:
-        return validate_features(raw, path=str(file))
+        return validate_features(raw, path=str(file), name=name)
     except FeatureError as err:
         raise FeatureError(f"{path}: {err}") from None
 
 
-def save_features(arrays: Mapping[str, np.ndarray], path: str) -> None:
-    """Write contract features as a compressed .npz (pair_mask is derived, so left out)."""
-    np.savez_compressed(path, **{name: np.asarray(v) for name, v in arrays.items() if name != "pair_mask"})
+def save_features(arrays: Mapping[str, np.ndarray], path: str, name: str | None = None) -> None:
+    """Write contract features as a compressed .npz (pair_mask is derived, so left out), with the
+    input's name when given."""
+    kept = {key: np.asarray(v) for key, v in arrays.items() if key != "pair_mask"}
+    if name is not None:
+        kept[NAME_MEMBER] = np.asarray(name)
+    np.savez_compressed(path, **kept)
 
 
 class FileSource:

@@ -10,6 +10,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from cpbench.checks import accuracy
 from cpbench.core import Shape
+from cpbench.inputs import input_columns
 from cpbench.measure.memory import release
 from cpbench.measure.point import OutOfMemoryAlone, PointResult, PointSettings, measure_point
 from cpbench.measure.step import StepRunner
@@ -86,6 +87,7 @@ class Measurer:
             config_hash=s.config_hash, extra=dict(columns(s.train)) if callable(columns) else {},
             budget_gib=budget.gib if budget else None, baseline_gib=budget.baseline_gib if budget else None,
             predicted_peak_gib=predicted_gib(prediction, shape.n_tokens, s),
+            **input_columns(settings.data.path, settings.seed),
         )  # fmt: skip
 
     def measure(

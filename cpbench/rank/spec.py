@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cpbench.core import Shape, Topology
-from cpbench.inputs import load_features
+from cpbench.inputs import input_point
 from cpbench.probe.predict import Prediction
 from cpbench.settings.schema import BenchConfig
 from cpbench.sweep import sweep_points
@@ -34,5 +34,5 @@ class RunSpec:
 def walltime_points(settings: BenchConfig) -> list[Shape]:
     """The points a run measures: the feature file's one shape, else the product of the sweep lists."""
     if settings.data.path:
-        return [load_features(settings.data.path).shape]
+        return [input_point(settings.data.path, settings.seed, settings.data.msa_depth)]
     return sweep_points(settings.shape, settings.sweep)

@@ -20,7 +20,8 @@ BOUND_SHARE = 0.5
 
 _TABLE = {
     "kind": "kind", "workload": "workload", "workflow": "workflow", "topology": "topology", "cp": "cp",
-    "N_tokens": "N_tokens", "N_atoms": "N_atoms", "MSA_depth": "MSA", "dtype": "dtype", "status": "status",
+    "input": "input", "chains": "chains", "N_tokens": "N_tokens", "N_atoms": "N_atoms", "MSA_depth": "MSA",
+    "dtype": "dtype", "status": "status",
     "walltime_ms": "walltime ms (median)", "walltime_iqr_ms": "IQR ms", "tokens_per_s": "tokens/s",
     "comm_ms": "comm ms", "peak_mem_gib": "peak GiB (max rank)", "predicted_peak_gib": "predicted peak GiB",
     "checksum": "checksum", "seed": "seed",
@@ -66,10 +67,13 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
 
 
 def like_for_like(frame: pd.DataFrame) -> list[tuple[tuple[Any, ...], pd.DataFrame]]:
-    """The groups of rows that may be compared, each keyed by (workload, workflow, dtype)."""
+    """The groups of rows that may be compared, each keyed by (workload, workflow, dtype), and by the
+    input file where rows have one (two complexes of one size are different experiments)."""
     if frame.empty:
         return []
     keys = [c for c in LIKE_FOR_LIKE if c in frame.columns]
+    if "input" in frame.columns and frame["input"].replace("", None).notna().any():
+        keys.append("input")
     return [(key, group) for key, group in frame.groupby(keys, sort=False, dropna=False)]
 
 
@@ -333,8 +337,9 @@ def readout(frame: pd.DataFrame) -> str:
 
 def _rows_table(frame: pd.DataFrame, extra: Sequence[str] = ()) -> list[str]:
     cols = [c for c in extra if c in frame.columns] + [c for c in _TABLE if c in frame.columns]
-    if "predicted_peak_gib" in cols and frame["predicted_peak_gib"].isna().all():
-        cols.remove("predicted_peak_gib")  # a run without probe.predict
+    for optional in ("predicted_peak_gib", "input", "chains"):  # a run without probe.predict, data.path
+        if optional in cols and frame[optional].replace("", None).isna().all():
+            cols.remove(optional)
     lines = ["| " + " | ".join(_TABLE.get(c, c) for c in cols) + " |", "|" + "---|" * len(cols)]
     shown = frame.copy()
     if "oom_at" in shown.columns:  # a max-fit row names the first N that did not fit

@@ -30,6 +30,10 @@ class ResultRow:
     comm_ms: float | None = None
     checksum: float | None = None
     kind: str  # point | max-fit
+    # data.path: the input's name, its chain count and its MSA's rows (MSA_depth: those run, data.msa_depth)
+    input: str = ""
+    chains: int | None = None
+    input_msa_depth: int | None = None
     oom_at: int | None = None  # max-fit rows: the first N that did not fit
     forward_ms: float | None = None
     backward_ms: float | None = None

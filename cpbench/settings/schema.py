@@ -56,8 +56,10 @@ class SweepConfig:
 
 @dataclass
 class DataConfig:
-    # A feature file (.npz or torch) following docs/inputs.md; it replaces the sweep with its one shape.
+    # A feature file (.npz or torch) or a complex (AlphaFold3 .json, Boltz .yaml) following docs/inputs.md;
+    # it replaces the sweep with its one shape.
     path: str | None = None
+    msa_depth: int | None = None  # a cap on the input's MSA rows (null: all of them)
 
 
 @dataclass

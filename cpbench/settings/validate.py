@@ -146,8 +146,9 @@ def _check_data(settings: BenchConfig) -> None:
             "probe.enabled=true: a feature file (data.path) has one N_tokens; "
             "set probe.enabled=false to measure it"
         )
+    _positive("data.msa_depth", settings.data.msa_depth, allow_null=True)
     try:
-        load_features(path)
+        load_features(path, seed=settings.seed)
     except (FeatureError, OSError) as err:
         message = str(err).removeprefix(f"{path}: ")
         raise ConfigError(
