@@ -74,3 +74,15 @@ def results(output_dir: Path) -> pd.DataFrame:
 def ok(proc: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
     assert proc.returncode == 0, f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
     return proc
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster(tmp_path_factory):
+    """The private one-node SLURM cluster (tests/slurm_cluster.py), shared by the tests of a session."""
+    import slurm_cluster
+
+    if missing := slurm_cluster.missing_binaries():
+        pytest.skip(f"SLURM tests need {', '.join(missing)}: `{slurm_cluster.INSTALL}` (as root)")
+    cluster = slurm_cluster.start(tmp_path_factory.mktemp("slurm"))
+    yield cluster
+    cluster.stop()
