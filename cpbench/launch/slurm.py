@@ -8,13 +8,15 @@ ranks skip every point already in results.csv, so nothing measured is lost or me
 from __future__ import annotations
 
 import math
+import subprocess
 import sys
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import submitit
-from submitit.core.utils import FailedJobError
+from submitit.core.utils import FailedJobError, UncompletedJobError
 from submitit.helpers import Checkpointable, DelayedSubmission, TorchDistributedEnvironment
 from submitit.slurm.slurm import SlurmExecutor
 
@@ -173,31 +175,130 @@ def _summary(error: Exception) -> str:
     return " ".join(line.strip() for line in lines[:2]) or type(error).__name__
 
 
-def failure_of(job: submitit.Job) -> str | None:
-    """Wait for the job; None if every task succeeded, else the root cause: the first task to fail on
-    its own rather than because a peer had gone."""
-    job.wait()
+@dataclass(frozen=True)
+class TaskFailure:
+    """How one task of a job ended, other than in success. `how`: `raised` (the rank's code raised),
+    `stopped` (submitit's signal handler ended it without a requeue: timed out too often, preempted with
+    nothing to requeue) or `killed` (it left no result: scancel, a signal, its peer's failure, a node
+    lost)."""
+
+    task: int
+    message: str
+    how: str
+
+    @property
+    def consequence(self) -> bool:
+        """It failed because a peer had gone, not on its own."""
+        return self.how == "killed" or any(c in self.message.lower() for c in _CONSEQUENCES)
+
+
+def _task_failure(task: int, error: Exception) -> TaskFailure:
+    message = _summary(error)
+    if not isinstance(error, FailedJobError):  # its parent class, UncompletedJobError: no result
+        return TaskFailure(task, message, "killed")
+    # submitit's signal handler raises UncompletedJobError in the task when it will not requeue.
+    if message.startswith(f"{UncompletedJobError.__module__}.{UncompletedJobError.__name__}: "):
+        return TaskFailure(task, message.split(": ", 1)[1], "stopped")
+    return TaskFailure(task, message, "raised")
+
+
+# Job states in which SLURM runs the job no more (a requeued job passes through REQUEUED and PENDING);
+# ENDED: the controller has forgotten it (MinJobAge after its end).
+_ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "DEADLINE", "ENDED"}
+_POLL_S = 2.0
+
+
+def slurm_state(job_id: str) -> dict[str, str]:
+    """The controller's own view of the job (`scontrol show job`): JobState, Reason, Restarts, ExitCode."""
+    proc = subprocess.run(
+        ["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True, timeout=60
+    )
+    if proc.returncode != 0:
+        return {"JobState": "ENDED"} if "Invalid job id" in proc.stderr else {}
+    return dict(item.split("=", 1) for item in proc.stdout.split() if "=" in item)
+
+
+def _has_result(job: submitit.Job, task: int) -> bool:
+    return job.task(task).paths.result_pickle.exists()
+
+
+def wait(job: submitit.Job) -> None:
+    """Until every task has left its result, or SLURM says the job ended (a killed task leaves none);
+    one line on stderr per change of the job's state. submitit learns a job's end from sacct, which
+    fails on a cluster without accounting (no slurmdbd): it would wait for ever, and warn on each poll.
+    The controller's own view needs no accounting."""
+    if not isinstance(job, submitit.SlurmJob):  # submitit's local executor knows its own processes
+        job.wait()
+        return
+    seen: tuple[str, str] | None = None
+    while not all(_has_result(job, t) for t in range(job.num_tasks)):
+        info = slurm_state(str(job.job_id))
+        state = (info.get("JobState", "UNKNOWN"), info.get("Restarts", "0"))
+        if state != seen and state[0] != "ENDED":
+            restarts = f", restart {state[1]}" if state[1] != "0" else ""
+            reason = info.get("Reason", "None")
+            why = f" ({reason})" if reason != "None" else ""
+            print(f"cpbench: job {job.job_id} {state[0]}{why}{restarts}", file=sys.stderr)
+            seen = state
+        if state[0] in _ENDED:
+            time.sleep(_POLL_S)  # the results a task wrote as it ended may take a moment to show
+            return
+        time.sleep(_POLL_S)
+
+
+def _no_result(job: submitit.Job, task: int) -> TaskFailure:
+    """A task that left no result was killed: SLURM's own account of it (srun's line in the job's log)."""
+    log = job.task(0).paths.stderr
+    text = log.read_text(errors="replace") if log.exists() else ""
+    srun = next((line.strip() for line in text.splitlines() if line.startswith("srun: error:")), "")
+    info = slurm_state(str(job.job_id)) if isinstance(job, submitit.SlurmJob) else {}
+    state = " ".join(f"{k}={info[k]}" for k in ("JobState", "Reason", "ExitCode") if k in info)
+    return TaskFailure(task, f"left no result ({'; '.join(filter(None, [state, srun]))})", "killed")
+
+
+def failure_of(job: submitit.Job) -> TaskFailure | None:
+    """Wait for the job; None if every task succeeded, else the root cause: a task stopped by SLURM's
+    time limit, or the first task to fail on its own rather than because a peer had gone."""
+    wait(job)
     found = []
     for task in range(job.num_tasks):
-        error = job.task(task).exception()
-        if error is not None:
-            found.append((task, _summary(error)))
+        if not _has_result(job, task):
+            found.append(_no_result(job, task))
+        elif (error := job.task(task).exception()) is not None:
+            found.append(_task_failure(task, error))
     if not found:
         return None
-    task, message = min(found, key=lambda f: (any(c.lower() in f[1].lower() for c in _CONSEQUENCES), f[0]))
-    return f"SLURM job {job.job_id} task {task}: {message}"
+    return min(found, key=lambda f: (f.how != "stopped", f.consequence, f.task))
 
 
 def finish(job: submitit.Job, folder: RunFolder, cp: int) -> int:
-    """Wait for the job; on failure record its in-flight point, the report and failure.json."""
-    problem = failure_of(job)
-    if problem is None:
+    """Wait for the job, then close the run. A rank that raised records its point in flight as `error`.
+    A job that SLURM stopped (out of requeues, cancelled, killed) was interrupted: its point stays in
+    flight, and the next run of the same command measures it."""
+    failure = failure_of(job)
+    if failure is None:
         print(f"cpbench: job {job.job_id} done: {folder.root}", file=sys.stderr)
         return 0
     logs = folder.slurm_job(str(job.job_id))
-    close_failed(folder, cp, "error", problem, 1, f"task logs: {logs}")
-    print(f"cpbench: {problem}\ncpbench: task logs are in {logs}", file=sys.stderr)
+    if failure.how == "stopped":  # the checkpoint marked it so already, unless there was none to call
+        folder.in_flight.interrupt()
+        ProbeState(folder).interrupt()
+    status = {"raised": "error", "stopped": "interrupted", "killed": "crashed"}[failure.how]
+    line = f"SLURM job {job.job_id} task {failure.task}: {failure.message}"
+    if status != "error":
+        line += f" ({'; '.join(filter(None, [_where(folder), 'run the same command to resume']))})"
+    close_failed(folder, cp, status, line, 1, f"task logs: {logs}")
+    print(f"cpbench: {line}; task logs are in {logs}", file=sys.stderr)
     return 1
+
+
+def _where(folder: RunFolder) -> str | None:
+    """The point (or probe step) in flight, which the next run measures again."""
+    if (row := folder.in_flight.row()) is not None:
+        return f"at N={row['N_tokens']}"
+    if (n := ProbeState(folder).in_flight) is not None:
+        return f"at probe N={n}"
+    return None
 
 
 # Jobs a multirun submitted without waiting (the basic launcher runs its jobs one after another); the
