@@ -67,6 +67,14 @@ class Cluster:
         text = self.command("scontrol", "show", "job", "-o", job_id).stdout
         return dict(item.split("=", 1) for item in text.split() if "=" in item)
 
+    def ended(self, job_id: str, timeout: float = 60) -> dict[str, str]:
+        """The job once SLURM has ended it (its tasks may leave their results a moment before)."""
+        deadline = time.monotonic() + timeout
+        while (job := self.job(job_id))["JobState"] in ("RUNNING", "COMPLETING", "PENDING", "REQUEUED"):
+            assert time.monotonic() < deadline, f"job {job_id} still {job['JobState']} after {timeout}s"
+            time.sleep(0.5)
+        return job
+
     def queue(self) -> list[str]:
         """The ids of the jobs slurmctld holds that have not ended."""
         return self.command("squeue", "-h", "-o", "%i").stdout.split()

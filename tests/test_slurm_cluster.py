@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import re
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pandas as pd
@@ -61,7 +63,7 @@ def test_one_job_of_two_tasks_measures_what_a_local_run_measures(slurm_cluster, 
     proc = ok(cpbench(*ON_SLURM, *points, f"output_dir={out}", cwd=tmp_path, env=slurm_cluster.env))
     ok(cpbench(*points, f"output_dir={local}", cwd=tmp_path))
     job_id = _job_id(out)
-    job = slurm_cluster.job(job_id)
+    job = slurm_cluster.ended(job_id)
     assert (job["JobState"], job["NumNodes"], job["NumTasks"], job["NodeList"]) == (
         "COMPLETED",
         "1",
@@ -99,14 +101,14 @@ def test_a_job_out_of_requeues_leaves_its_point_to_the_next_run(slurm_cluster, t
     found = re.search(r"timed-out too many times\. \(at N=(\d+); run the same command to resume\)", said[0])
     assert found, said
     in_flight = int(found.group(1))
-    job = slurm_cluster.job(job_id)
+    job = slurm_cluster.ended(job_id)
     assert (job["JobState"], job["Restarts"]) == ("FAILED", "1"), job
     log = _task_log(out, job_id, 0, "err")
     assert log.count("Caught signal SIGUSR2 on") == 2, log
-    assert f"Requeued job {job_id} (0 remaining timeouts)" in log
+    assert f"Requeued job {job_id} (0 remaining timeouts)" in _task_log(out, job_id, 0)
     before = results(out)
     assert set(before["status"]) == {"ok"} and in_flight not in set(before["N_tokens"])
-    assert json.loads((out / "failure.json").read_text())["error"] == said[0].removeprefix("cpbench: ")
+    assert said[0].startswith("cpbench: " + json.loads((out / "failure.json").read_text())["error"])
 
     step.write_text("0.05")  # the same command; this time the job has the time it needs
     ok(cpbench(*command, cwd=tmp_path, env=env, timeout=300))
@@ -114,3 +116,42 @@ def test_a_job_out_of_requeues_leaves_its_point_to_the_next_run(slurm_cluster, t
     assert sorted(after["N_tokens"]) == sweep and set(after["status"]) == {"ok"}  # each once, none lost
     pd.testing.assert_frame_equal(after.iloc[: len(before)], before)  # measured before: kept as it was
     assert after["N_tokens"].iloc[len(before)] == in_flight  # the next run measures the point in flight first
+
+
+def _in_flight(out: Path) -> int | None:
+    state = out / "state.json"
+    flight = json.loads(state.read_text()).get("in_flight") if state.exists() else None
+    return flight["N_tokens"] if flight else None
+
+
+def _wait_until(condition, timeout: float = 180) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.2)
+
+
+def test_a_preempted_job_measures_its_point_again_not_as_a_crash(slurm_cluster, tmp_path):
+    """`scontrol requeue` (what a preemption does): SIGTERM to every task, then the job runs again with
+    the same id. The point in flight is measured again; with launch.max_restarts=0 a crash would have
+    been recorded `crashed` instead."""
+    env, _ = _slow_env(tmp_path, slurm_cluster, 1.0)
+    out = tmp_path / "out"
+    command = [*ON_SLURM, *SLOW, "launch.max_restarts=0", "topology.cp=2", "sweep.n_tokens=[16,32,48]", *FAST]
+    with ThreadPoolExecutor(1) as pool:
+        run = pool.submit(cpbench, *command, f"output_dir={out}", cwd=tmp_path, env=env, timeout=300)
+        _wait_until(lambda: _in_flight(out) == 32)
+        before = results(out)
+        slurm_cluster.command("scontrol", "requeue", _job_id(out))
+        proc = ok(run.result())
+    job_id = _job_id(out)
+    job = slurm_cluster.ended(job_id)
+    assert (job["JobState"], job["Restarts"]) == ("COMPLETED", "1"), job
+    frame = results(out)
+    assert list(zip(frame["N_tokens"], frame["status"], strict=True)) == [(16, "ok"), (32, "ok"), (48, "ok")]
+    pd.testing.assert_frame_equal(frame.iloc[: len(before)], before)
+    assert (
+        "N=32 was in flight when the last run stopped: measured again"
+        in (out / "logs" / "rank0.log").read_text()
+    )
+    assert f"cpbench: job {job_id} RUNNING, restart 1" in proc.stderr

@@ -7,7 +7,11 @@ ranks skip every point already in results.csv, so nothing measured is lost or me
 
 from __future__ import annotations
 
+import functools
+import logging
 import math
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -125,23 +129,39 @@ def sbatch_script(cfg: BenchConfig, folder: RunFolder, cp: int) -> str:
     return executor._make_submission_file_text(executor._submitit_command_str, "preview")
 
 
+def _interrupt(output_dir: str) -> None:
+    """The point (or probe step) being measured was interrupted, not broken: the requeued job (or the
+    next run) measures it again, and does not count it as a crash."""
+    folder = RunFolder(output_dir)
+    folder.in_flight.interrupt()
+    ProbeState(folder).interrupt()
+
+
 class SlurmRanks(Checkpointable):
     """What every task of the job runs: export the torch.distributed environment of this task
     (rank, world size, master address and port from SLURM's variables), then run one rank."""
 
     def __call__(self, spec: RunSpec) -> None:
         # Every rank sees all GPUs of its node and picks cuda:LOCAL_RANK, as under torchrun.
-        TorchDistributedEnvironment().export(set_cuda_visible_devices=False, overwrite=True)
+        env = TorchDistributedEnvironment().export(set_cuda_visible_devices=False, overwrite=True)
+        # After submitit's own handlers, which let SIGTERM pass (it waits for USR2 to checkpoint).
+        signal.signal(signal.SIGTERM, functools.partial(_end_interrupted, spec.output_dir, env.rank))
         run_rank(spec)
 
     def checkpoint(self, spec: RunSpec) -> DelayedSubmission:
         """Called on task 0 when the job is timed out or preempted, just before it is requeued."""
-        # The point (or probe step) being measured was interrupted, not broken: the requeued job
-        # measures it again, and does not count it as a crash.
-        folder = RunFolder(spec.output_dir)
-        folder.in_flight.interrupt()
-        ProbeState(folder).interrupt()
+        _interrupt(spec.output_dir)
         return DelayedSubmission(self, spec)
+
+
+def _end_interrupted(output_dir: str, rank: int, signum: int, frame: object) -> None:
+    """SLURM ends a job's tasks with SIGTERM, then SIGKILL `KillWait` later: `scontrol requeue` (a
+    preemption), scancel, a time limit reached. Each is an interruption; rank 0 marks the point in
+    flight so, and every rank leaves at once (a rank that went on could start the next point)."""
+    if rank == 0:
+        _interrupt(output_dir)
+    logging.shutdown()
+    os._exit(128 + signum)
 
 
 def submit(spec: RunSpec, cp: int) -> submitit.Job:
