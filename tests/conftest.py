@@ -81,8 +81,15 @@ def slurm_cluster(tmp_path_factory):
     """The private one-node SLURM cluster (tests/slurm_cluster.py), shared by the tests of a session."""
     import slurm_cluster
 
-    if missing := slurm_cluster.missing_binaries():
-        pytest.skip(f"SLURM tests need {', '.join(missing)}: `{slurm_cluster.INSTALL}` (as root)")
+    slurm_cluster.skip_without_slurm()
     cluster = slurm_cluster.start(tmp_path_factory.mktemp("slurm"))
     yield cluster
     cluster.stop()
+
+
+@pytest.fixture
+def idle_cluster(slurm_cluster):
+    """The cluster, with no job on it when a test starts or ends."""
+    slurm_cluster.cancel_all()
+    yield slurm_cluster
+    slurm_cluster.cancel_all()

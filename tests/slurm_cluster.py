@@ -16,6 +16,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pytest
+
 DAEMONS = ("munged", "slurmctld", "slurmd")
 CLIENTS = ("sbatch", "squeue", "scontrol", "scancel", "srun")
 INSTALL = "apt-get install slurm-wlm munge"
@@ -28,6 +30,13 @@ SCHED_INTERVAL_S = 1
 def missing_binaries() -> list[str]:
     """The SLURM and munge programs this machine lacks (a developer's laptop lacks them all)."""
     return [name for name in (*DAEMONS, *CLIENTS) if shutil.which(name) is None]
+
+
+def skip_without_slurm() -> None:
+    """Skip the calling test module (or fixture) where SLURM is not installed: one reason, from one place,
+    so pytest's summary says it in one line however many tests it skips."""
+    if missing := missing_binaries():
+        pytest.skip(f"SLURM tests need {', '.join(missing)}: `{INSTALL}` (as root)", allow_module_level=True)
 
 
 def _free_port() -> int:
@@ -136,6 +145,7 @@ def _slurm_conf(root: Path, node: str, cpus: int, memory: int, socket_path: Path
             f"SchedulerParameters=sched_interval={SCHED_INTERVAL_S},bf_interval={SCHED_INTERVAL_S}",
             "MinJobAge=600",  # ended jobs stay visible to scontrol for the tests that read them
             "KillWait=5",
+            f"DefMemPerCPU={memory // cpus}",  # a job is sized by its CPUs, not given the whole memory
             f"NodeName={node} NodeAddr=127.0.0.1 CPUs={cpus} RealMemory={memory} State=UNKNOWN",
             f"PartitionName=debug Nodes={node} Default=YES MaxTime=INFINITE State=UP",
             "",

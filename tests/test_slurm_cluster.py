@@ -4,15 +4,19 @@
 from __future__ import annotations
 
 import json
+import os
 import re
-import time
+import signal
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pandas as pd
 import pytest
 from conftest import FAST, TESTS, cpbench, ok, results
+from slurm_cluster import skip_without_slurm
+from test_slurm import _wait_for, submitit_task_pid
 
+skip_without_slurm()
 pytestmark = pytest.mark.usefixtures("idle_cluster")
 
 ON_SLURM = ["slurm.enabled=true", "slurm.gpus_per_node=0"]
@@ -31,14 +35,6 @@ def run_step(model, batch, train):
     return _run_step(model, batch, train)
 """
 SLOW = ["workload=adapter", "workload.module=slow_steps", "workload.contract=native"]
-
-
-@pytest.fixture
-def idle_cluster(slurm_cluster):
-    """Every test starts and ends with no job on the cluster."""
-    slurm_cluster.cancel_all()
-    yield slurm_cluster
-    slurm_cluster.cancel_all()
 
 
 def _slow_env(tmp_path: Path, slurm_cluster, step_s: float) -> tuple[dict, Path]:
@@ -81,77 +77,94 @@ def test_one_job_of_two_tasks_measures_what_a_local_run_measures(slurm_cluster, 
     assert f"cpbench: job {job_id} RUNNING" in proc.stderr
 
 
-def test_a_job_out_of_requeues_leaves_its_point_to_the_next_run(slurm_cluster, tmp_path):
-    """SLURM's time limit: USR2 `signal_delay_s` early (up to 30 s more, slurm.conf's PERIODIC_TIMEOUT),
-    submitit checkpoints and requeues once (max_requeues=1), then the second timeout ends the job. The
-    point in flight was interrupted, not broken: the run says so in one line, and the same command run
-    again measures it; every point is measured once, none lost (issue 26, item 4)."""
-    env, step = _slow_env(tmp_path, slurm_cluster, 3.0)  # 9 s a point: 12 points never fit in two runs
-    sweep = list(range(16, 16 * 13, 16))
-    out = tmp_path / "out"
-    command = [
-        *ON_SLURM, *SLOW, "slurm.time_min=1", "slurm.signal_delay_s=5", "slurm.max_requeues=1",
-        "topology.cp=2", f"sweep.n_tokens=[{','.join(map(str, sweep))}]", *FAST, f"output_dir={out}",
-    ]  # fmt: skip
-    first = cpbench(*command, cwd=tmp_path, env=env, timeout=300)
-    assert first.returncode == 1, first.stderr
-    job_id = _job_id(out)
-    said = [line for line in first.stderr.splitlines() if line.startswith(f"cpbench: SLURM job {job_id}")]
-    assert len(said) == 1, first.stderr
-    found = re.search(r"timed-out too many times\. \(at N=(\d+); run the same command to resume\)", said[0])
-    assert found, said
-    in_flight = int(found.group(1))
-    job = slurm_cluster.ended(job_id)
-    assert (job["JobState"], job["Restarts"]) == ("FAILED", "1"), job
-    log = _task_log(out, job_id, 0, "err")
-    assert log.count("Caught signal SIGUSR2 on") == 2, log
-    assert f"Requeued job {job_id} (0 remaining timeouts)" in _task_log(out, job_id, 0)
-    before = results(out)
-    assert set(before["status"]) == {"ok"} and in_flight not in set(before["N_tokens"])
-    assert said[0].startswith("cpbench: " + json.loads((out / "failure.json").read_text())["error"])
-
-    step.write_text("0.05")  # the same command; this time the job has the time it needs
-    ok(cpbench(*command, cwd=tmp_path, env=env, timeout=300))
-    after = results(out)
-    assert sorted(after["N_tokens"]) == sweep and set(after["status"]) == {"ok"}  # each once, none lost
-    pd.testing.assert_frame_equal(after.iloc[: len(before)], before)  # measured before: kept as it was
-    assert after["N_tokens"].iloc[len(before)] == in_flight  # the next run measures the point in flight first
-
-
 def _in_flight(out: Path) -> int | None:
     state = out / "state.json"
     flight = json.loads(state.read_text()).get("in_flight") if state.exists() else None
     return flight["N_tokens"] if flight else None
 
 
-def _wait_until(condition, timeout: float = 180) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.2)
+def _jobs_of(out: Path, runs: list[str]) -> list[str]:
+    return [_job_id(out / run) for run in runs]
 
 
-def test_a_preempted_job_measures_its_point_again_not_as_a_crash(slurm_cluster, tmp_path):
-    """`scontrol requeue` (what a preemption does): SIGTERM to every task, then the job runs again with
-    the same id. The point in flight is measured again; with launch.max_restarts=0 a crash would have
-    been recorded `crashed` instead."""
-    env, _ = _slow_env(tmp_path, slurm_cluster, 1.0)
+def test_a_sweep_of_slurm_jobs_queues_them_at_once_and_never_overlaps_them(slurm_cluster, tmp_path):
+    """Basic launcher + slurm.enabled: every job is queued before the first ends, the end of the sweep
+    waits for them and merges them. Each job has the node to itself (--exclusive, the default): two
+    one-rank jobs, which would fit side by side on the node's CPUs, run one after the other."""
+    out = tmp_path / "sweep"
+    points = ["topology.cp=1", "seed=0,1", "sweep.n_tokens=[16]", *FAST]
+    ok(cpbench("-m", *ON_SLURM, *points, f"output_dir={out}", cwd=tmp_path, env=slurm_cluster.env))
+    jobs = [slurm_cluster.ended(job_id) for job_id in _jobs_of(out, ["0_cp1", "1_cp1"])]
+    assert [job["JobState"] for job in jobs] == ["COMPLETED", "COMPLETED"]
+    assert [job["NumCPUs"] for job in jobs] == [str(slurm_cluster.cpus)] * 2  # the whole node, for one rank
+    first, second = sorted(jobs, key=lambda job: job["StartTime"])
+    assert second["SubmitTime"] < first["EndTime"]  # queued at once
+    assert second["StartTime"] >= first["EndTime"]  # never side by side
+    merged = results(out)
+    assert list(merged["run"]) == ["0_cp1", "1_cp1"] and set(merged["status"]) == {"ok"}
+
+
+def test_hydra_submitit_slurm_launcher_sweep_is_merged(slurm_cluster, tmp_path):
+    """-m hydra/launcher=cpbench_slurm: hydra-submitit-launcher submits one SLURM job per cp (one task,
+    which launches its own cp ranks); the end of the sweep merges them into one report."""
+    out = tmp_path / "sweep"
+    ok(
+        cpbench(
+            "-m", "hydra/launcher=cpbench_slurm", "hydra.launcher.gpus_per_node=null", "topology.cp=1,2",
+            "sweep.n_tokens=[16]", *FAST, f"output_dir={out}", cwd=tmp_path, env=slurm_cluster.env,
+        )
+    )  # fmt: skip
+    array = [p.name for p in (out / ".submitit").iterdir() if re.fullmatch(r"\d+_\d+", p.name)]  # a job array
+    assert len(array) == 2
+    jobs = [slurm_cluster.ended(task) for task in sorted(array)]
+    assert [(job["JobState"], job["NumTasks"], job["OverSubscribe"]) for job in jobs] == [
+        ("COMPLETED", "1", "NO")
+    ] * 2
+    assert jobs[1]["StartTime"] >= jobs[0]["EndTime"]  # --exclusive: one after the other
+    merged = results(out)
+    assert list(merged["run"]) == ["0_cp1", "1_cp2"] and list(merged["cp"]) == [1, 2]
+    assert set(merged["status"]) == {"ok"}
+    assert "| 0_cp1 | 1d | 1 |" in (out / "cp_benchmark.md").read_text()
+
+
+def test_a_rank_that_raises_is_named_as_the_failing_task(slurm_cluster, tmp_path):
+    """Rank 1 raises at N=32; srun's --kill-on-bad-exit ends task 0, which leaves no result: the run
+    names task 1 and records N=32 as error."""
     out = tmp_path / "out"
-    command = [*ON_SLURM, *SLOW, "launch.max_restarts=0", "topology.cp=2", "sweep.n_tokens=[16,32,48]", *FAST]
-    with ThreadPoolExecutor(1) as pool:
-        run = pool.submit(cpbench, *command, f"output_dir={out}", cwd=tmp_path, env=env, timeout=300)
-        _wait_until(lambda: _in_flight(out) == 32)
-        before = results(out)
-        slurm_cluster.command("scontrol", "requeue", _job_id(out))
-        proc = ok(run.result())
+    adapter = ["workload=adapter", "workload.module=adapters.fold_cp_style", "workload.contract=native"]
+    proc = cpbench(
+        *ON_SLURM, *adapter, "topology.cp=2", "sweep.n_tokens=[16,32]", *FAST, f"output_dir={out}",
+        cwd=tmp_path, env={**slurm_cluster.env, "CPBENCH_TEST_FAIL": "1:32"},
+    )  # fmt: skip
+    assert proc.returncode == 1, proc.stderr
     job_id = _job_id(out)
-    job = slurm_cluster.ended(job_id)
-    assert (job["JobState"], job["Restarts"]) == ("COMPLETED", "1"), job
+    assert slurm_cluster.ended(job_id)["JobState"] == "FAILED"
+    failure = json.loads((out / "failure.json").read_text())
+    assert failure["error"] == f"SLURM job {job_id} task 1: ValueError: injected failure at N=32"
     frame = results(out)
-    assert list(zip(frame["N_tokens"], frame["status"], strict=True)) == [(16, "ok"), (32, "ok"), (48, "ok")]
-    pd.testing.assert_frame_equal(frame.iloc[: len(before)], before)
-    assert (
-        "N=32 was in flight when the last run stopped: measured again"
-        in (out / "logs" / "rank0.log").read_text()
-    )
-    assert f"cpbench: job {job_id} RUNNING, restart 1" in proc.stderr
+    assert list(zip(frame["N_tokens"], frame["status"], strict=True)) == [(16, "ok"), (32, "error")]
+    assert f"cpbench: {failure['error']}; task logs are in" in proc.stderr
+
+
+def test_a_task_killed_is_named_and_its_point_measured_again(slurm_cluster, tmp_path):
+    """SIGKILL to task 1's process mid-point: srun ends the job and names task 1; the point in flight is
+    no error (a kill), and the next run measures it."""
+    env, step = _slow_env(tmp_path, slurm_cluster, 1.0)
+    out = tmp_path / "out"
+    command = [*ON_SLURM, *SLOW, "topology.cp=2", "sweep.n_tokens=[16,32]", *FAST, f"output_dir={out}"]
+    with ThreadPoolExecutor(1) as pool:
+        run = pool.submit(cpbench, *command, cwd=tmp_path, env=env, timeout=300)
+        _wait_for(lambda: _in_flight(out) == 32, timeout=180)
+        os.kill(submitit_task_pid(f"SLURM_JOB_ID={_job_id(out)}", "SLURM_PROCID=1"), signal.SIGKILL)
+        proc = run.result()
+    assert proc.returncode == 1, proc.stderr
+    job_id = _job_id(out)
+    assert slurm_cluster.ended(job_id)["JobState"] == "FAILED"
+    error = json.loads((out / "failure.json").read_text())["error"]
+    assert error.startswith(f"SLURM job {job_id} task 1: left no result ("), error
+    assert f"srun: error: {slurm_cluster.node}: task 1: Killed" in error, error
+    assert list(results(out)["N_tokens"]) == [16]  # N=32 stays in flight
+    step.write_text("0.05")
+    ok(cpbench(*command, cwd=tmp_path, env=env, timeout=300))
+    frame = results(out)
+    assert list(zip(frame["N_tokens"], frame["status"], strict=True)) == [(16, "ok"), (32, "ok")]

@@ -11,6 +11,7 @@ import functools
 import logging
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -93,6 +94,7 @@ def executor_parameters(cfg: BenchConfig, cp: int) -> dict[str, Any]:
         "slurm_qos": s.qos,
         "slurm_constraint": s.constraint,
         "slurm_signal_delay_s": s.signal_delay_s,
+        "slurm_exclusive": s.exclusive or None,
         "slurm_setup": list(s.setup) or None,
         "slurm_additional_parameters": dict(s.additional_parameters) or None,
         "slurm_srun_args": SRUN_ARGS,
@@ -164,9 +166,48 @@ def _end_interrupted(output_dir: str, rank: int, signum: int, frame: object) -> 
     os._exit(128 + signum)
 
 
+class _Once(logging.Filter):
+    """Each message once: submitit repeats its warning on every poll ("Call #N - Bypassing sacct error")."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: set[str] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        key = re.sub(r"^Call #\d+ - ", "", record.getMessage())
+        new = key not in self.seen
+        self.seen.add(key)
+        return new
+
+
+class _FileOnDemand(logging.FileHandler):
+    """A log file (and its folder) made by its first message only."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path, delay=True)
+
+    def _open(self) -> Any:
+        Path(self.baseFilename).parent.mkdir(parents=True, exist_ok=True)
+        return super()._open()
+
+
+def log_submitit_to(path: Path) -> None:
+    """In the submitting process, submitit's own log goes to `path` alone, each message once: it prints
+    each warning on stdout and stderr, and Hydra's root logger prints it a third time."""
+    handler = _FileOnDemand(path)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    handler.addFilter(_Once())
+    logger = logging.getLogger("submitit")
+    for old in list(logger.handlers):
+        logger.removeHandler(old)
+    logger.addHandler(handler)
+    logger.propagate = False
+
+
 def submit(spec: RunSpec, cp: int) -> submitit.Job:
     """Submit the run as one job; note its id under output_dir/slurm for reports and people."""
     folder, cfg = RunFolder(spec.output_dir), spec.settings
+    log_submitit_to(folder.submitted.parent / "submitit.log")
     job = build_executor(cfg, folder, cp).submit(SlurmRanks(), spec)
     note = {
         "job_id": job.job_id,
@@ -200,16 +241,18 @@ class TaskFailure:
     """How one task of a job ended, other than in success. `how`: `raised` (the rank's code raised),
     `stopped` (submitit's signal handler ended it without a requeue: timed out too often, preempted with
     nothing to requeue) or `killed` (it left no result: scancel, a signal, its peer's failure, a node
-    lost)."""
+    lost). `first`: srun names it as the first task that failed."""
 
     task: int
     message: str
     how: str
+    first: bool = False
 
     @property
     def consequence(self) -> bool:
         """It failed because a peer had gone, not on its own."""
-        return self.how == "killed" or any(c in self.message.lower() for c in _CONSEQUENCES)
+        killed_after = self.how == "killed" and not self.first
+        return killed_after or any(c in self.message.lower() for c in _CONSEQUENCES)
 
 
 def _task_failure(task: int, error: Exception) -> TaskFailure:
@@ -266,14 +309,25 @@ def wait(job: submitit.Job) -> None:
         time.sleep(_POLL_S)
 
 
-def _no_result(job: submitit.Job, task: int) -> TaskFailure:
-    """A task that left no result was killed: SLURM's own account of it (srun's line in the job's log)."""
+def _srun_first_failure(job: submitit.Job) -> tuple[int | None, str]:
+    """srun's first line about a failed task in the job's log (the batch script's stderr, which task 0
+    shares), e.g. "srun: error: node1: task 1: Killed": the task and the line."""
     log = job.task(0).paths.stderr
     text = log.read_text(errors="replace") if log.exists() else ""
-    srun = next((line.strip() for line in text.splitlines() if line.startswith("srun: error:")), "")
+    for line in text.splitlines():
+        if found := re.match(r"srun: error: \S+: tasks? (\d+)", line):
+            return int(found.group(1)), line.strip()
+    return None, ""
+
+
+def _no_result(job: submitit.Job, task: int) -> TaskFailure:
+    """A task that left no result was killed: SLURM's own account of it (its state, srun's line)."""
+    first, srun = _srun_first_failure(job)
     info = slurm_state(str(job.job_id)) if isinstance(job, submitit.SlurmJob) else {}
     state = " ".join(f"{k}={info[k]}" for k in ("JobState", "Reason", "ExitCode") if k in info)
-    return TaskFailure(task, f"left no result ({'; '.join(filter(None, [state, srun]))})", "killed")
+    detail = "; ".join(filter(None, [state, srun if first == task else ""]))
+    message = f"left no result ({detail})" if detail else "left no result"
+    return TaskFailure(task, message, "killed", first == task)
 
 
 def failure_of(job: submitit.Job) -> TaskFailure | None:
