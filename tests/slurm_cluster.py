@@ -117,6 +117,9 @@ def _slurm_conf(root: Path, node: str, cpus: int, memory: int, socket_path: Path
     return "\n".join(
         [
             "ClusterName=cpbench-tests",
+            # Job ids of its own: submitit derives MASTER_PORT from the job id, and two test clusters on
+            # one machine (pytest-xdist workers) would otherwise run jobs of the same id side by side.
+            f"FirstJobId={ports[0] * 100}",
             f"SlurmctldHost={node}(127.0.0.1)",
             f"SlurmctldPort={ports[0]}",
             f"SlurmdPort={ports[1]}",

@@ -146,10 +146,10 @@ def test_a_rank_that_raises_is_named_as_the_failing_task(slurm_cluster, tmp_path
     assert f"cpbench: {failure['error']}; task logs are in" in proc.stderr
 
 
-def test_a_task_killed_is_named_and_its_point_measured_again(slurm_cluster, tmp_path):
+def test_a_task_killed_is_named_and_its_point_left_in_flight(slurm_cluster, tmp_path):
     """SIGKILL to task 1's process mid-point: srun ends the job and names task 1; the point in flight is
-    no error (a kill), and the next run measures it."""
-    env, step = _slow_env(tmp_path, slurm_cluster, 1.0)
+    no error (a kill): it stays in flight for the next run (tests/test_slurm_requeue.py runs one)."""
+    env, _ = _slow_env(tmp_path, slurm_cluster, 1.0)
     out = tmp_path / "out"
     command = [*ON_SLURM, *SLOW, "topology.cp=2", "sweep.n_tokens=[16,32]", *FAST, f"output_dir={out}"]
     with ThreadPoolExecutor(1) as pool:
@@ -163,8 +163,4 @@ def test_a_task_killed_is_named_and_its_point_measured_again(slurm_cluster, tmp_
     error = json.loads((out / "failure.json").read_text())["error"]
     assert error.startswith(f"SLURM job {job_id} task 1: left no result ("), error
     assert f"srun: error: {slurm_cluster.node}: task 1: Killed" in error, error
-    assert list(results(out)["N_tokens"]) == [16]  # N=32 stays in flight
-    step.write_text("0.05")
-    ok(cpbench(*command, cwd=tmp_path, env=env, timeout=300))
-    frame = results(out)
-    assert list(zip(frame["N_tokens"], frame["status"], strict=True)) == [(16, "ok"), (32, "ok")]
+    assert list(results(out)["N_tokens"]) == [16] and _in_flight(out) == 32

@@ -1,9 +1,11 @@
 """One cpbench run as one SLURM job through submitit: `nodes x tasks_per_node` tasks sized from
 `topology.cp`, each task one rank that takes its torch.distributed environment from the job.
 
-The job is checkpointable: on timeout or preemption submitit calls `checkpoint`, which forgets the
-point being measured (it was interrupted, not broken) and requeues the same callable; the requeued
-ranks skip every point already in results.csv, so nothing measured is lost or measured twice."""
+The job is checkpointable: on timeout submitit calls `checkpoint`, which marks the point being measured
+as interrupted (not broken) and requeues the same callable; SIGTERM (a preemption, scancel) marks it so
+too. The requeued ranks skip every point already in results.csv, so nothing measured is lost or measured
+twice. The submitting process waits on the controller's view of the job (no accounting needed) and
+closes the run: a rank that raised records its point as error; a job SLURM stopped leaves it in flight."""
 
 from __future__ import annotations
 
