@@ -42,6 +42,13 @@ class MergeSweep(Callback):
     of the sweep into one results.csv and cp_benchmark.md (with plots) at the sweep folder's root.
     The sweep ran past failed jobs; it lists them, then exits non-zero."""
 
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        """submitit's own log (the Hydra submitit launchers wait through it) goes to the sweep's
+        `.submitit/submitit.log`, each message once, instead of three times on the console."""
+        from cpbench.launch.slurm import log_submitit_to
+
+        log_submitit_to(Path(str(config.hydra.sweep.dir)) / ".submitit" / "submitit.log")
+
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         # Imported here: every Hydra run builds its callbacks, few of them end a multirun.
         from cpbench.launch.slurm import finish_pending

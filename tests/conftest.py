@@ -81,3 +81,22 @@ def results(output_dir: Path) -> pd.DataFrame:
 def ok(proc: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
     assert proc.returncode == 0, f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
     return proc
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster(tmp_path_factory):
+    """The private one-node SLURM cluster (tests/slurm_cluster.py), shared by the tests of a session."""
+    import slurm_cluster
+
+    slurm_cluster.skip_without_slurm()
+    cluster = slurm_cluster.start(tmp_path_factory.mktemp("slurm"))
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture
+def idle_cluster(slurm_cluster):
+    """The cluster, with no job on it when a test starts or ends."""
+    slurm_cluster.cancel_all()
+    yield slurm_cluster
+    slurm_cluster.cancel_all()

@@ -88,6 +88,7 @@ def test_executor_parameters_follow_cp_and_the_slurm_keys(tmp_path):
         "slurm_partition": "gpu",
         "slurm_account": "proj",
         "slurm_signal_delay_s": 120,
+        "slurm_exclusive": True,
         "slurm_srun_args": ["--kill-on-bad-exit=1"],
     }
     # submitit itself takes them (its local executor needs no cluster; it ignores the slurm_ ones).
@@ -186,14 +187,19 @@ def test_multirun_sizes_each_slurm_job_by_its_own_cp(tmp_path):
 
 def _task_pid(job_id: str, task: int) -> int | None:
     """The process of one task of a submitit local job."""
-    marks = (f"SUBMITIT_LOCAL_JOB_ID={job_id}".encode(), f"SUBMITIT_LOCAL_GLOBALID={task}".encode())
+    return submitit_task_pid(f"SUBMITIT_LOCAL_JOB_ID={job_id}", f"SUBMITIT_LOCAL_GLOBALID={task}")
+
+
+def submitit_task_pid(*marks: str) -> int | None:
+    """The process of a submitit task whose environment holds every one of `marks` ("NAME=value")."""
+    wanted = [m.encode() for m in marks]
     for proc in Path("/proc").iterdir():
         try:
             env = (proc / "environ").read_bytes().split(b"\0")
             cmdline = (proc / "cmdline").read_bytes()
         except OSError:
             continue
-        if all(m in env for m in marks) and b"submitit.core._submit" in cmdline:
+        if all(m in env for m in wanted) and b"submitit.core._submit" in cmdline:
             return int(proc.name)
     return None
 

@@ -20,6 +20,7 @@ class SlurmConfig:
     ranks_per_node: int | None = None  # most ranks on one node; null: gpus_per_node (CPU: all on one)
     cpus_per_task: int | None = None
     mem_gb: float | None = None
+    exclusive: bool = True  # the job has its nodes to itself: jobs sharing a node would time each other
     max_requeues: int = 3  # requeues after a timeout (preemptions requeue without limit)
     signal_delay_s: int = 120  # the warning signal comes this long before the time limit
     setup: list[str] = field(default_factory=list)  # shell lines run in the job before the ranks start

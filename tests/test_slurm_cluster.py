@@ -1,0 +1,166 @@
+"""Every SLURM path of cpbench through `python -m cpbench`, on a real one-node SLURM cluster
+(tests/slurm_cluster.py): each test reads SLURM's own account of the job (scontrol, the job's logs)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from conftest import FAST, TESTS, cpbench, ok, results
+from slurm_cluster import skip_without_slurm
+from test_slurm import _wait_for, submitit_task_pid
+
+skip_without_slurm()
+pytestmark = pytest.mark.usefixtures("idle_cluster")
+
+ON_SLURM = ["slurm.enabled=true", "slurm.gpus_per_node=0"]
+# A step as slow as the file `step_s` says (the test changes it between runs of one command).
+SLOW_STEPS = """
+import os
+import time
+from pathlib import Path
+
+from adapters.fold_cp_style import build_batch, build_model
+from adapters.fold_cp_style import run_step as _run_step
+
+
+def run_step(model, batch, train):
+    time.sleep(float(Path(os.environ["CPBENCH_TEST_STEP_S"]).read_text()))
+    return _run_step(model, batch, train)
+"""
+SLOW = ["workload=adapter", "workload.module=slow_steps", "workload.contract=native"]
+
+
+def _slow_env(tmp_path: Path, slurm_cluster, step_s: float) -> tuple[dict, Path]:
+    (tmp_path / "slow_steps.py").write_text(SLOW_STEPS)
+    step = tmp_path / "step_s"
+    step.write_text(str(step_s))
+    env = {**slurm_cluster.env, "PYTHONPATH": f"{TESTS}:{tmp_path}", "CPBENCH_TEST_STEP_S": str(step)}
+    return env, step
+
+
+def _job_id(out: Path) -> str:
+    return json.loads((out / "slurm" / "submitted.json").read_text())["job_id"]
+
+
+def _task_log(out: Path, job_id: str, task: int, stream: str = "out") -> str:
+    return (out / "slurm" / job_id / f"{job_id}_{task}_log.{stream}").read_text()
+
+
+def test_one_job_of_two_tasks_measures_what_a_local_run_measures(slurm_cluster, tmp_path):
+    points = ["topology.cp=2", "sweep.n_tokens=[16,32]", *FAST]
+    out, local = tmp_path / "slurm", tmp_path / "local"
+    proc = ok(cpbench(*ON_SLURM, *points, f"output_dir={out}", cwd=tmp_path, env=slurm_cluster.env))
+    ok(cpbench(*points, f"output_dir={local}", cwd=tmp_path))
+    job_id = _job_id(out)
+    job = slurm_cluster.ended(job_id)
+    assert (job["JobState"], job["NumNodes"], job["NumTasks"], job["NodeList"]) == (
+        "COMPLETED",
+        "1",
+        "2",
+        slurm_cluster.node,
+    )
+    for task in (0, 1):  # each rank ran as one SLURM task of this job
+        assert f"JobEnvironment(job_id={job_id}, hostname={slurm_cluster.node}, local_rank={task}(2)" in (
+            _task_log(out, job_id, task)
+        )
+    on_slurm, here = results(out), results(local)
+    assert list(on_slurm["status"]) == ["ok", "ok"]
+    pd.testing.assert_series_equal(on_slurm["checksum"], here["checksum"])
+    assert f"submitted slurm job {job_id} (1 node(s) x 2 rank(s) (CPU ranks))" in proc.stderr
+    assert f"cpbench: job {job_id} RUNNING" in proc.stderr
+
+
+def _in_flight(out: Path) -> int | None:
+    state = out / "state.json"
+    flight = json.loads(state.read_text()).get("in_flight") if state.exists() else None
+    return flight["N_tokens"] if flight else None
+
+
+def _jobs_of(out: Path, runs: list[str]) -> list[str]:
+    return [_job_id(out / run) for run in runs]
+
+
+def test_a_sweep_of_slurm_jobs_queues_them_at_once_and_never_overlaps_them(slurm_cluster, tmp_path):
+    """Basic launcher + slurm.enabled: every job is queued before the first ends, the end of the sweep
+    waits for them and merges them. Each job has the node to itself (--exclusive, the default): two
+    one-rank jobs, which would fit side by side on the node's CPUs, run one after the other."""
+    out = tmp_path / "sweep"
+    points = ["topology.cp=1", "seed=0,1", "sweep.n_tokens=[16]", *FAST]
+    ok(cpbench("-m", *ON_SLURM, *points, f"output_dir={out}", cwd=tmp_path, env=slurm_cluster.env))
+    jobs = [slurm_cluster.ended(job_id) for job_id in _jobs_of(out, ["0_cp1", "1_cp1"])]
+    assert [job["JobState"] for job in jobs] == ["COMPLETED", "COMPLETED"]
+    assert [job["NumCPUs"] for job in jobs] == [str(slurm_cluster.cpus)] * 2  # the whole node, for one rank
+    first, second = sorted(jobs, key=lambda job: job["StartTime"])
+    assert second["SubmitTime"] < first["EndTime"]  # queued at once
+    assert second["StartTime"] >= first["EndTime"]  # never side by side
+    merged = results(out)
+    assert list(merged["run"]) == ["0_cp1", "1_cp1"] and set(merged["status"]) == {"ok"}
+
+
+def test_hydra_submitit_slurm_launcher_sweep_is_merged(slurm_cluster, tmp_path):
+    """-m hydra/launcher=cpbench_slurm: hydra-submitit-launcher submits one SLURM job per cp (one task,
+    which launches its own cp ranks); the end of the sweep merges them into one report."""
+    out = tmp_path / "sweep"
+    ok(
+        cpbench(
+            "-m", "hydra/launcher=cpbench_slurm", "hydra.launcher.gpus_per_node=null", "topology.cp=1,2",
+            "sweep.n_tokens=[16]", *FAST, f"output_dir={out}", cwd=tmp_path, env=slurm_cluster.env,
+        )
+    )  # fmt: skip
+    array = [p.name for p in (out / ".submitit").iterdir() if re.fullmatch(r"\d+_\d+", p.name)]  # a job array
+    assert len(array) == 2
+    jobs = [slurm_cluster.ended(task) for task in sorted(array)]
+    assert [(job["JobState"], job["NumTasks"], job["OverSubscribe"]) for job in jobs] == [
+        ("COMPLETED", "1", "NO")
+    ] * 2
+    assert jobs[1]["StartTime"] >= jobs[0]["EndTime"]  # --exclusive: one after the other
+    merged = results(out)
+    assert list(merged["run"]) == ["0_cp1", "1_cp2"] and list(merged["cp"]) == [1, 2]
+    assert set(merged["status"]) == {"ok"}
+    assert "| 0_cp1 | 1d | 1 |" in (out / "cp_benchmark.md").read_text()
+
+
+def test_a_rank_that_raises_is_named_as_the_failing_task(slurm_cluster, tmp_path):
+    """Rank 1 raises at N=32; srun's --kill-on-bad-exit ends task 0, which leaves no result: the run
+    names task 1 and records N=32 as error."""
+    out = tmp_path / "out"
+    adapter = ["workload=adapter", "workload.module=adapters.fold_cp_style", "workload.contract=native"]
+    proc = cpbench(
+        *ON_SLURM, *adapter, "topology.cp=2", "sweep.n_tokens=[16,32]", *FAST, f"output_dir={out}",
+        cwd=tmp_path, env={**slurm_cluster.env, "CPBENCH_TEST_FAIL": "1:32"},
+    )  # fmt: skip
+    assert proc.returncode == 1, proc.stderr
+    job_id = _job_id(out)
+    assert slurm_cluster.ended(job_id)["JobState"] == "FAILED"
+    failure = json.loads((out / "failure.json").read_text())
+    assert failure["error"] == f"SLURM job {job_id} task 1: ValueError: injected failure at N=32"
+    frame = results(out)
+    assert list(zip(frame["N_tokens"], frame["status"], strict=True)) == [(16, "ok"), (32, "error")]
+    assert f"cpbench: {failure['error']}; task logs are in" in proc.stderr
+
+
+def test_a_task_killed_is_named_and_its_point_left_in_flight(slurm_cluster, tmp_path):
+    """SIGKILL to task 1's process mid-point: srun ends the job and names task 1; the point in flight is
+    no error (a kill): it stays in flight for the next run (tests/test_slurm_requeue.py runs one)."""
+    env, _ = _slow_env(tmp_path, slurm_cluster, 1.0)
+    out = tmp_path / "out"
+    command = [*ON_SLURM, *SLOW, "topology.cp=2", "sweep.n_tokens=[16,32]", *FAST, f"output_dir={out}"]
+    with ThreadPoolExecutor(1) as pool:
+        run = pool.submit(cpbench, *command, cwd=tmp_path, env=env, timeout=300)
+        _wait_for(lambda: _in_flight(out) == 32, timeout=180)
+        os.kill(submitit_task_pid(f"SLURM_JOB_ID={_job_id(out)}", "SLURM_PROCID=1"), signal.SIGKILL)
+        proc = run.result()
+    assert proc.returncode == 1, proc.stderr
+    job_id = _job_id(out)
+    assert slurm_cluster.ended(job_id)["JobState"] == "FAILED"
+    error = json.loads((out / "failure.json").read_text())["error"]
+    assert error.startswith(f"SLURM job {job_id} task 1: left no result ("), error
+    assert f"srun: error: {slurm_cluster.node}: task 1: Killed" in error, error
+    assert list(results(out)["N_tokens"]) == [16] and _in_flight(out) == 32

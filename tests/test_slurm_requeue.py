@@ -1,0 +1,96 @@
+"""Requeues on the real one-node SLURM cluster (tests/slurm_cluster.py), through `python -m cpbench`:
+SLURM's time limit (USR2, checkpoint, requeue, resume, and a job out of requeues), preemptions
+(`scontrol requeue`) in the middle of a point and of the probe. Apart from tests/test_slurm_cluster.py
+so that pytest-xdist runs the two files side by side (each worker starts its own cluster)."""
+
+from __future__ import annotations
+
+import json
+import re
+from concurrent.futures import ThreadPoolExecutor
+
+import pandas as pd
+import pytest
+from conftest import FAST, cpbench, ok, results
+from slurm_cluster import skip_without_slurm
+from test_probe import FAULT, check_consistent, probe_trials
+from test_slurm import _wait_for
+from test_slurm_cluster import ON_SLURM, SLOW, _in_flight, _job_id, _slow_env, _task_log
+
+skip_without_slurm()
+pytestmark = pytest.mark.usefixtures("idle_cluster")
+
+
+def test_a_job_out_of_requeues_leaves_its_point_to_the_next_run(slurm_cluster, tmp_path):
+    """SLURM's time limit: USR2 `signal_delay_s` before it (up to 60 s earlier still, sbatch(1)), so
+    submitit checkpoints and requeues once (max_requeues=1), then the second timeout ends the job. The
+    point in flight was interrupted, not broken: the run says so in one line, and the same command run
+    again measures it; every point is measured once, none lost (issue 26, item 4)."""
+    env, step = _slow_env(tmp_path, slurm_cluster, 3.0)  # 9 s a point: 144 s of work, two runs of < 60 s
+    sweep = list(range(16, 16 * 17, 16))
+    out = tmp_path / "out"
+    command = [
+        *ON_SLURM, *SLOW, "slurm.time_min=1", "slurm.signal_delay_s=5", "slurm.max_requeues=1",
+        "topology.cp=2", f"sweep.n_tokens=[{','.join(map(str, sweep))}]", *FAST, f"output_dir={out}",
+    ]  # fmt: skip
+    first = cpbench(*command, cwd=tmp_path, env=env, timeout=300)
+    assert first.returncode == 1, first.stderr
+    job_id = _job_id(out)
+    said = [line for line in first.stderr.splitlines() if line.startswith(f"cpbench: SLURM job {job_id}")]
+    assert len(said) == 1, first.stderr
+    found = re.search(r"timed-out too many times\. \(at N=(\d+); run the same command to resume\)", said[0])
+    assert found, said
+    in_flight = int(found.group(1))
+    job = slurm_cluster.ended(job_id)
+    assert (job["JobState"], job["Restarts"]) == ("FAILED", "1"), job
+    log = _task_log(out, job_id, 0, "err")
+    assert log.count("Caught signal SIGUSR2 on") == 2, log
+    assert f"Requeued job {job_id} (0 remaining timeouts)" in _task_log(out, job_id, 0)
+    before = results(out)
+    assert set(before["status"]) == {"ok"} and in_flight not in set(before["N_tokens"])
+    assert said[0].startswith("cpbench: " + json.loads((out / "failure.json").read_text())["error"])
+
+    step.write_text("0.05")  # the same command; this time the job has the time it needs
+    ok(cpbench(*command, cwd=tmp_path, env=env, timeout=300))
+    after = results(out)
+    assert sorted(after["N_tokens"]) == sweep and set(after["status"]) == {"ok"}  # each once, none lost
+    pd.testing.assert_frame_equal(after.iloc[: len(before)], before)  # measured before: kept as it was
+    assert after["N_tokens"].iloc[len(before)] == in_flight  # the next run measures the point in flight first
+
+
+def _probe_in_flight(out) -> int | None:
+    state = out / "probe_state.json"
+    return json.loads(state.read_text()).get("in_flight") if state.exists() else None
+
+
+def test_a_job_preempted_mid_point_and_mid_probe_measures_both_again(slurm_cluster, tmp_path):
+    """`scontrol requeue` (what a preemption does: SIGTERM to every task, then the job runs again with
+    the same id), twice: while the walltime point N=16 is measured, then while the probe tries an N
+    after it has tried one. The point is measured again (with launch.max_restarts=0 a crash would have
+    been recorded `crashed`); the probe continues from probe_state.json, tries that N again and no
+    other twice, and finds what it finds uninterrupted (tests/test_probe.py: 192 fits, 256 does not)."""
+    env, _ = _slow_env(tmp_path, slurm_cluster, 1.0)
+    out = tmp_path / "out"
+    command = [*ON_SLURM, *SLOW, *FAULT, "fault.where=batch", "launch.max_restarts=0", f"output_dir={out}"]
+    with ThreadPoolExecutor(1) as pool:
+        run = pool.submit(cpbench, *command, cwd=tmp_path, env=env, timeout=400)
+        _wait_for(lambda: _in_flight(out) == 16, timeout=180)
+        job_id = _job_id(out)
+        slurm_cluster.command("scontrol", "requeue", job_id)
+        _wait_for(lambda: (out / "probe.csv").exists() and _probe_in_flight(out) is not None, timeout=240)
+        tried, n = probe_trials(out), _probe_in_flight(out)
+        assert slurm_cluster.job(job_id)["Restarts"] == "1"
+        slurm_cluster.command("scontrol", "requeue", job_id)
+        proc = ok(run.result())
+    job = slurm_cluster.ended(job_id)
+    assert (job["JobState"], job["Restarts"]) == ("COMPLETED", "2"), job
+    frame = results(out)
+    point = frame[frame["kind"] == "point"]
+    assert list(zip(point["N_tokens"], point["status"], strict=True)) == [(16, "ok")]
+    row, trials = check_consistent(out)  # every N tried once
+    assert (row["N_tokens"], row["oom_at"]) == (192, 256)
+    pd.testing.assert_frame_equal(trials.iloc[: len(tried)], tried)
+    log = (out / "logs" / "rank0.log").read_text()
+    assert "N=16 was in flight when the last run stopped: measured again" in log
+    assert f"probe: N={n} was in flight when the last run stopped: trying it again" in log
+    assert f"cpbench: job {job_id} RUNNING, restart 2" in proc.stderr
