@@ -99,19 +99,17 @@ class FoldWorkload(PairformerWorkload):
 
     def peak_form(self, train: bool) -> FoldWorkload:
         """This workload with its loops cut to the passes that set its peak, for a memory trace. In
-        inference one recycling pass and one sampling step (each frees what it made but what the
-        next starts from, so each repeats the peak of the first) and two blocks of each stack (a block
-        may still hold its predecessor's last tensors; the MSA module's last block differs and is
-        kept). Training keeps every block (each keeps its activations for the backward) and two
-        recycling passes (one without autograd, then the one with it). tests/test_fold_chunked.py
-        checks the traced peak is the full trace's to the byte."""
+        inference one recycling pass, one sampling step and one block of each stack (each frees what
+        it made but its output, so every later one repeats the first's peak), except the MSA
+        module's first and last block (the last leaves out the MSA updates). Training keeps every
+        block (each keeps its activations for the backward) and two recycling passes (one without
+        autograd, then the one with it). tests/test_fold_chunked.py checks that the traced peak is
+        the full trace's to the byte."""
         form = copy.copy(super().peak_form(train))
         form.loop = {**self.loop, "n_cycles": min(2, self.loop["n_cycles"])}
         if not train:
-            atom_blocks = min(2, self.loop["input_atom_blocks"])
-            form.loop |= {"n_cycles": 1, "sampling_steps": 1, "input_atom_blocks": atom_blocks}
-            form.sizes = replace(self.sizes, token_blocks=min(2, self.sizes.token_blocks),
-                                 atom_blocks=min(2, self.sizes.atom_blocks))  # fmt: skip
+            form.loop |= {"n_cycles": 1, "sampling_steps": 1, "input_atom_blocks": 1}
+            form.sizes = replace(self.sizes, token_blocks=1, atom_blocks=1)
             # the first MSA block and the last (which leaves out the MSA updates)
             form.msa_knobs = {**self.msa_knobs, "n_blocks": min(2, self.msa_knobs["n_blocks"])}
         form.fold = form._fold_config(form.cfg)

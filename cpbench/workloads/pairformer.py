@@ -104,12 +104,13 @@ class PairformerWorkload:
 
     def peak_form(self, train: bool) -> PairformerWorkload:
         """This workload with its repeated passes cut to those that set its peak, for a memory
-        trace: in inference two blocks (a block frees what it made, so every later one repeats the
-        second's peak); in training every block (each keeps its activations for the backward)."""
+        trace: in inference one block (a block frees what it made but its output, so every later one
+        repeats the first's peak); in training every block (each keeps its activations for the
+        backward)."""
         if train:
             return self
         form = copy.copy(self)
-        form.knobs = {**self.knobs, "n_blocks": min(2, self.knobs["n_blocks"])}
+        form.knobs = {**self.knobs, "n_blocks": 1}
         form.cfg = replace(self.cfg, n_blocks=form.knobs["n_blocks"])
         return form
 

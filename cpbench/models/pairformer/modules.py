@@ -40,6 +40,12 @@ def pair_bias_rows(z: torch.Tensor, project, chunk_size: int | str | None) -> to
     return out
 
 
+def _compute_dtype(x: torch.Tensor) -> torch.dtype:
+    """The dtype the matmuls of x produce: autocast's where it is on."""
+    device = x.device.type
+    return torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype
+
+
 class TriangleMultiplication(nn.Module):
     """Algorithms 12 (outgoing, t_ij = sum_k a_ik b_jk) and 13 (incoming, t_ij = sum_k a_ki b_kj)."""
 
@@ -87,7 +93,7 @@ class TriangleMultiplication(nn.Module):
         built chunk by chunk into channel-major buffers (the product reads them as they lie, with no
         copy), then each chunk's output gate is recomputed from its rows of z, not kept whole."""
         n, (h, w, c_z) = mask.shape[0], z.shape
-        pair_mask = layout.pair_mask(mask)[..., None].to(z.dtype)
+        pair_mask = layout.pair_mask(mask)[..., None].to(_compute_dtype(z))  # float32 would promote a, b
         hidden = self.out.in_features
         slices = chunking.row_slices(h, self.chunk_size, w * (c_z + 4 * hidden))
         a = b = None
