@@ -58,7 +58,7 @@ def predicted(workload: str, kind: str, cp: int, ns: list[int]) -> tuple[dict[in
 def measured(workload: str, kind: str, cp: int, ns: list[int], out: Path) -> dict[int, float]:
     cpbench([f"workload={workload}", f"topology.kind={kind}", f"topology.cp={cp}",
              f"sweep.n_tokens=[{','.join(map(str, ns))}]", "probe.enabled=false", "timing.warmup=1",
-             "timing.repeats=1", "memory.cpu_budget_gib=8"], out)  # fmt: skip
+             "timing.repeats=1", "memory.cpu_budget_gib=8", "budget.minutes=null"], out)  # fmt: skip
     rows = pd.read_csv(out / "results.csv")
     return {int(r.N_tokens): r.peak_mem_gib - r.baseline_gib for r in rows.itertuples()}
 

@@ -111,9 +111,12 @@ LOOPS = dict(TINY, n_blocks=3, msa_blocks=3, input_atom_blocks=3, atom_blocks=3,
              sampling={"steps": 3})  # fmt: skip
 
 
-@pytest.mark.parametrize("train", [False, True], ids=["inference", "training"])
-@pytest.mark.parametrize("chunk", [None, CHUNK], ids=["plain", "chunked"])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize(
+    ("train", "chunk", "dtype"),
+    [(False, CHUNK, torch.float32), (False, CHUNK, torch.bfloat16), (False, None, torch.bfloat16),
+     (True, CHUNK, torch.float32)],
+    ids=["inference-chunked-fp32", "inference-chunked-bf16", "inference-plain-bf16", "training-fp32"],
+)  # fmt: skip
 def test_fast_estimate_equals_the_full_trace(train: bool, chunk, dtype) -> None:
     """The estimate traces the workload's `peak_form` (loops cut to the passes that set the peak,
     chunk loops two deep) and adds the weights it left out: the same bytes as tracing every pass."""
