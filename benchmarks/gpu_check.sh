@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
-# What only a GPU can show, sized to fit 8 minutes on one H200 (each step below has its own timeout,
+# What only a GPU can show, sized to fit 13 minutes on one H200 (each step below has its own timeout,
 # and a step that fails does not stop the next):
 #   1. NCCL at cp=1 through the real entry point, and a few walltime points of the AF3-size Pairformer;
 #   2. the probe under torch.cuda.set_per_process_memory_fraction (memory.budget_gib) ending in a real
 #      CUDA out-of-memory error;
 #   3. the AF3-size fold workload's max N at cp=1 in bf16 (inference, 2 sampling steps: the per-step
-#      cost; the rest of the job is unchanged).
+#      cost; the rest of the job is unchanged);
+#   4. the same probe led by the fake-tensor estimate (probe.predict=true): it proposes the largest N,
+#      two real steps confirm it, and probe.csv shows the measured peak beside the predicted one.
+#      Not yet run on a GPU (written without one; docs/fold.md says so).
 # Everything lands under $OUT (default gpu_check_out); the last step merges the runs into one
 # results.csv and cp_benchmark.md (with plots) under $OUT/report, ready for docs/cp_benchmark.md
 # (`python -m cpbench.report $OUT/nccl_pairformer $OUT/probe_oom $OUT/fold_bf16 --publish`).
@@ -44,8 +47,22 @@ step fold_bf16 210 workload=fold dist.backend=nccl topology.cp=1 dtype=bfloat16 
     'sweep.n_tokens=[256]' probe.enabled=true probe.start=512 probe.granularity=128 \
     timing.warmup=1 timing.repeats=2
 
+step fold_predicted 300 workload=fold dist.backend=nccl topology.cp=1 dtype=bfloat16 workload.sampling.steps=2 \
+    'sweep.n_tokens=[256]' probe.enabled=true probe.predict=true probe.granularity=128 \
+    probe.measure_at_max=false timing.warmup=1 timing.repeats=1
+echo "== fold_predicted: each probe step, measured peak beside predicted (GiB per rank):"
+"$py" - "$out/fold_predicted/probe.csv" <<'PY' || status=1
+import sys
+
+import pandas as pd
+
+trials = pd.read_csv(sys.argv[1])
+print(trials[["N_tokens", "fits", "status", "max_peak_gib", "predicted_peak_gib", "guided"]].to_string(index=False))
+PY
+
 echo "== a real CUDA out-of-memory error in the probe's log:"
 grep -r -m 3 -i "out of memory" "$out/probe_oom.log" "$out/probe_oom" 2>/dev/null || echo "(none found)"
-"$py" -m cpbench.report "$out/nccl_pairformer" "$out/probe_oom" "$out/fold_bf16" --out "$out/report" || status=1
+"$py" -m cpbench.report "$out/nccl_pairformer" "$out/probe_oom" "$out/fold_bf16" "$out/fold_predicted" \
+    --out "$out/report" || status=1
 sed -n '1,200p' "$out/report/cp_benchmark.md" 2>/dev/null
 exit $status

@@ -4,6 +4,7 @@ probe led by the prediction against the plain probe, through the real entry poin
 
     python benchmarks/predict_check.py [--workloads pairformer_small fold_small] [--n 128 192 256]
                                        [--topologies 1d1 1d2 2d4] [--probe-workload pairformer_small]
+                                       [--skip-peaks] [--skip-probe]
 
 The N of cp=1 (`--n`) scale by sqrt(cp) for the other topologies (rounded to 32), so each rank holds
 about as much as at cp=1: the range where the probe's edge lies under one per-rank budget. A smaller
@@ -39,20 +40,25 @@ def cpbench(args: list[str], out: Path) -> None:
                    check=True, capture_output=True)  # fmt: skip
 
 
-def predicted(workload: str, kind: str, cp: int, ns: list[int]) -> dict[int, float]:
+def predicted(workload: str, kind: str, cp: int, ns: list[int]) -> tuple[dict[int, float], dict[int, float]]:
+    """The estimate at each N as `cpbench.predict` makes it (the workload's peak form), and the trace
+    of every pass of the step (every block, cycle and sampling step), which it must equal."""
     with initialize_config_module("cpbench.configs", version_base=None):
         cfg = compose("config", [f"workload={workload}"])
     topology = Topology.from_config(kind, cp, None)
     shape = lambda n: resolve_shape(cfg.shape, n_tokens=n)  # noqa: E731
-    p = predict.predict(instantiate(cfg.workload), topology, shape, False, torch.float32, 0, None, 0, 2.0,
-                        None, points=ns, gloo=True)  # fmt: skip
-    return {e.n: e.peak_gib for e in p.estimates}
+    w = instantiate(cfg.workload)
+    p = predict.predict(w, topology, shape, False, torch.float32, 0, None, 0, 2.0, None, points=ns, gloo=True)
+    ranks, every = predict.traced_ranks(topology), predict.TracedForm(w)
+    full = {n: predict.estimate(w, topology, shape(n), False, torch.float32, 0, ranks, True, every).peak_gib
+            for n in ns}  # fmt: skip
+    return {e.n: e.peak_gib for e in p.estimates}, full
 
 
 def measured(workload: str, kind: str, cp: int, ns: list[int], out: Path) -> dict[int, float]:
     cpbench([f"workload={workload}", f"topology.kind={kind}", f"topology.cp={cp}",
              f"sweep.n_tokens=[{','.join(map(str, ns))}]", "probe.enabled=false", "timing.warmup=1",
-             "timing.repeats=1", "memory.cpu_budget_gib=8"], out)  # fmt: skip
+             "timing.repeats=1", "memory.cpu_budget_gib=8", "budget.minutes=null"], out)  # fmt: skip
     rows = pd.read_csv(out / "results.csv")
     return {int(r.N_tokens): r.peak_mem_gib - r.baseline_gib for r in rows.itertuples()}
 
@@ -82,24 +88,28 @@ def main() -> None:
     parser.add_argument("--budget", type=float, default=0.25)
     parser.add_argument("--granularity", type=int, default=32)
     parser.add_argument("--skip-peaks", action="store_true")
+    parser.add_argument("--skip-probe", action="store_true")
     args = parser.parse_args()
     register()
     with tempfile.TemporaryDirectory() as tmp:
         if not args.skip_peaks:
-            print("| workload | topology | N_tokens | predicted GiB | measured GiB over baseline | error "
-                  "| calibrated at N (missed MiB) | calibrated error |")  # fmt: skip
-            print("|---|---|---|---|---|---|---|---|")
+            print("| workload | topology | N_tokens | predicted GiB | every pass traced GiB | measured GiB "
+                  "over baseline | error | calibrated at N (missed MiB) | calibrated error |")  # fmt: skip
+            print("|---|---|---|---|---|---|---|---|---|")
             for workload in args.workloads:
                 for kind, cp, label in (TOPOLOGIES[t] for t in args.topologies):
                     at, *ns = (round(n * math.sqrt(cp) / 32) * 32 for n in (args.calibrate_at, *args.n))
-                    guess = predicted(workload, kind, cp, [at, *ns])
+                    guess, full = predicted(workload, kind, cp, [at, *ns])
                     real = measured(workload, kind, cp, [at, *ns], Path(tmp) / f"{workload}-{kind}{cp}")
                     missed = real[at] - guess[at]
                     for n in ns:
                         error = (guess[n] - real[n]) / real[n]
                         calibrated = (guess[n] + missed - real[n]) / real[n]
-                        cells = f"{guess[n]:.4f} | {real[n]:.4f} | {error:+.1%} | {at} ({missed * 1024:+.1f})"
+                        cells = (f"{guess[n]:.4f} | {full[n]:.4f} | {real[n]:.4f} | {error:+.1%} | {at} "
+                                 f"({missed * 1024:+.1f})")  # fmt: skip
                         print(f"| {workload} | {label} | {n} | {cells} | {calibrated:+.1%} |", flush=True)
+        if args.skip_probe:
+            return
         print()
         print(f"Probe, {args.probe_workload} inference, 1d cp=2, {args.budget} GiB/rank, "
               f"granularity {args.granularity}:")  # fmt: skip

@@ -26,6 +26,18 @@ TINY = dict(c_s=16, c_z=8, n_blocks=1, tri_mul_hidden=8, tri_heads=2, tri_head_w
 
 def _fold_rank(rank: int, world: int, tmp: str, kind: str, grid: tuple[int, int], shape: Shape) -> None:
     failures: list[str] = []
+    try:
+        failures = fold_failures(rank_context(rank, world, tmp, kind, grid), grid, shape)
+    except Exception:
+        failures.append(f"rank {rank}: {traceback.format_exc()}")
+    finally:
+        report(tmp, rank, failures)
+
+
+def fold_failures(ctx, grid: tuple[int, int], shape: Shape, chunk: int | None = None) -> list[str]:
+    """This rank's shard of the fold workload (`chunk`: its chunk_size) against the plain one-rank
+    model: loss, summed gradients, positions, and the halo plan."""
+    rank, failures = ctx.rank, []
 
     def check(what, actual, expected):
         try:
@@ -33,26 +45,21 @@ def _fold_rank(rank: int, world: int, tmp: str, kind: str, grid: tuple[int, int]
         except AssertionError as err:
             failures.append(f"rank {rank}: {what}: {err}")
 
-    try:
-        ctx = rank_context(rank, world, tmp, kind, grid)
-        runs = []
-        for c in (one_rank(ctx), ctx):
-            workload = FoldWorkload(**TINY)
-            model = workload.build_model(c)
-            batch = workload.build_batch(shape, c)
-            runs.append((*loss_and_grads(workload, model, batch), model.sample(batch), batch.atoms.windows))
-        (loss1, grads1, x1, _), (share, grads, x, windows) = runs
-        check("loss", all_reduce_sum(share, dist.group.WORLD), loss1)
-        for i, (g, g1) in enumerate(zip(grads, grads1, strict=True)):
-            check(f"grad of parameter {i}", all_reduce_sum(g, dist.group.WORLD), g1)
-        mine = windows.stop - windows.start
-        check("positions", x[:mine], x1[windows.start : windows.stop])
-        check("padding atoms", x[mine:], torch.zeros_like(x[mine:]))
-        failures.extend(_halo_checks(rank, model, batch, windows, grid))
-    except Exception:
-        failures.append(f"rank {rank}: {traceback.format_exc()}")
-    finally:
-        report(tmp, rank, failures)
+    runs = []
+    for c, chunk_size in ((one_rank(ctx), None), (ctx, chunk)):
+        workload = FoldWorkload(**TINY, chunk_size=chunk_size)
+        model = workload.build_model(c)
+        batch = workload.build_batch(shape, c)
+        runs.append((*loss_and_grads(workload, model, batch), model.sample(batch), batch.atoms.windows))
+    (loss1, grads1, x1, _), (share, grads, x, windows) = runs
+    check("loss", all_reduce_sum(share, dist.group.WORLD), loss1)
+    for i, (g, g1) in enumerate(zip(grads, grads1, strict=True)):
+        check(f"grad of parameter {i}", all_reduce_sum(g, dist.group.WORLD), g1)
+    mine = windows.stop - windows.start
+    check("positions", x[:mine], x1[windows.start : windows.stop])
+    check("padding atoms", x[mine:], torch.zeros_like(x[mine:]))
+    failures.extend(_halo_checks(rank, model, batch, windows, grid))
+    return failures
 
 
 def _halo_checks(rank: int, model, batch, windows: AtomWindows, grid: tuple[int, int]) -> list[str]:

@@ -27,6 +27,7 @@ from torch.utils._pytree import tree_leaves
 from torch.utils.weak import WeakIdKeyDictionary
 
 from cpbench.core import RankContext, Shape, Topology
+from cpbench.models.pairformer import chunking
 from cpbench.probe.search import align_down, align_up
 from cpbench.runtime.rank import joined_context, pick_backend
 from cpbench.runtime.seed import seed_all
@@ -185,22 +186,56 @@ def _op_of(err: Exception) -> str:
     return str(func) if func is not None else type(err).__name__
 
 
+@dataclass(frozen=True)
+class TracedForm:
+    """What a trace runs: the workload's `peak_form` (its loops cut to the passes that set the peak)
+    and what the whole model holds beyond the traced one's: weight and buffer bytes, and bytes of
+    trainable parameters (for AdamW's state)."""
+
+    workload: Workload
+    cut_bytes: int = 0
+    cut_params: int = 0
+
+    @staticmethod
+    def of(workload: Workload, topology: Topology, train: bool, dtype: torch.dtype, seed: int) -> TracedForm:
+        cut = getattr(workload, "peak_form", None)
+        form = cut(train) if cut is not None else workload
+        if form is workload:
+            return TracedForm(workload)
+        with _fake_rank(topology, 0, dtype, seed) as ctx:  # both models on the meta device, to count them
+            meta = replace(ctx, device=torch.device("meta"))
+            (full_bytes, full_params), (form_bytes, form_params) = (_sizes(w, meta) for w in (workload, form))
+        return TracedForm(form, full_bytes - form_bytes, full_params - form_params)
+
+
+def _sizes(workload: Workload, ctx: RankContext) -> tuple[int, int]:
+    """Bytes of a workload's model state (weights and buffers) and of its trainable parameters."""
+    with torch.device(ctx.device):
+        model = workload.build_model(ctx)
+    state = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+    return state, sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+
+
 def trace_peak(workload: Workload, topology: Topology, shape: Shape, train: bool, dtype: torch.dtype,
-               seed: int, rank: int, gloo: bool = False) -> float:  # fmt: skip
+               seed: int, rank: int, gloo: bool = False,
+               form: TracedForm | None = None) -> float:  # fmt: skip
     """One rank's peak bytes of a probe step (the model, the batch, the step's tensors). The model is
     built for real (its weights are small beside the activations, and module moves do not take fake
-    parameters); the batch and the step are traced on fake tensors."""
+    parameters); the batch and the step are traced on fake tensors, each chunk loop two chunks deep
+    (`chunking.peak_only`). `form` (default: the workload's own) is what runs."""
+    form = form or TracedForm.of(workload, topology, train, dtype, seed)
+    cut_bytes, cut_params, workload = form.cut_bytes, form.cut_params, form.workload
     with _fake_rank(topology, rank, dtype, seed) as ctx:
         seed_all(seed)
         model = workload.build_model(ctx)
         params = [p for p in model.parameters() if p.requires_grad]
         contract = Contract(getattr(workload, "contract", Contract.native))
         # AdamW's exp_avg and exp_avg_sq, alive from the first training step on.
-        optim_bytes = 2 * sum(p.numel() * p.element_size() for p in params) if train and params else 0
+        optim_bytes = 2 * (sum(p.numel() * p.element_size() for p in params) + cut_params) if train else 0
         weights = {id(t.untyped_storage()): t.untyped_storage().nbytes() for t in model.state_dict().values()}
-        tracker = LiveBytes(sum(weights.values()), gloo)
+        tracker = LiveBytes(sum(weights.values()) + cut_bytes, gloo)
         try:
-            with FakeTensorMode(allow_non_fake_inputs=True), tracker:
+            with FakeTensorMode(allow_non_fake_inputs=True), tracker, chunking.peak_only():
                 seed_all(seed)
                 batch = workload.build_batch(shape, ctx)
                 with torch.set_grad_enabled(train):
@@ -217,9 +252,11 @@ def trace_peak(workload: Workload, topology: Topology, shape: Shape, train: bool
 
 
 def estimate(workload: Workload, topology: Topology, shape: Shape, train: bool, dtype: torch.dtype,
-             seed: int, ranks: tuple[int, ...], gloo: bool = False) -> Estimate:  # fmt: skip
+             seed: int, ranks: tuple[int, ...], gloo: bool = False,
+             form: TracedForm | None = None) -> Estimate:  # fmt: skip
     """The largest per-rank peak over the traced ranks at one shape."""
-    peak = max(trace_peak(workload, topology, shape, train, dtype, seed, r, gloo) for r in ranks)
+    form = form or TracedForm.of(workload, topology, train, dtype, seed)
+    peak = max(trace_peak(workload, topology, shape, train, dtype, seed, r, gloo, form) for r in ranks)
     return Estimate(shape.n_tokens, peak / GIB)
 
 
@@ -242,9 +279,10 @@ def predict(
     its crossing of the budget (rounded down to the grid), stepping down until the trace fits."""
     m = topology.tiling.multiple
     prediction = Prediction(budget_gib=budget_gib, ranks=traced_ranks(topology))
+    form = TracedForm.of(workload, topology, train, dtype, seed)
 
     def trace(n: int) -> Estimate:
-        e = estimate(workload, topology, shape_at(n), train, dtype, seed, prediction.ranks, gloo)
+        e = estimate(workload, topology, shape_at(n), train, dtype, seed, prediction.ranks, gloo, form)
         prediction.estimates.append(e)
         return e
 

@@ -9,7 +9,9 @@ the pairformer workload apply to the Pairformer stack; `n_blocks` is its depth.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping
+from dataclasses import replace
 
 import torch
 from torch import nn
@@ -122,6 +124,24 @@ class FoldWorkload(PairformerWorkload):
         steps = sampling["steps"]
         self.loop = dict(input_atom_blocks=input_atom_blocks, n_cycles=n_cycles, sampling_steps=steps)
         self.fold = self._fold_config(self.cfg)  # fails early, by knob name
+
+    def peak_form(self, train: bool) -> FoldWorkload:
+        """This workload with its loops cut to the passes that set its peak, for a memory trace. In
+        inference one recycling pass, one sampling step and one block of each stack (each frees what
+        it made but its output, so every later one repeats the first's peak), except the MSA
+        module's first and last block (the last leaves out the MSA updates). Training keeps every
+        block (each keeps its activations for the backward) and two recycling passes (one without
+        autograd, then the one with it). tests/test_fold_chunked.py checks that the traced peak is
+        the full trace's to the byte."""
+        form = copy.copy(super().peak_form(train))
+        form.loop = {**self.loop, "n_cycles": min(2, self.loop["n_cycles"])}
+        if not train:
+            form.loop |= {"n_cycles": 1, "sampling_steps": 1, "input_atom_blocks": 1}
+            form.sizes = replace(self.sizes, token_blocks=1, atom_blocks=1)
+            # the first MSA block and the last (which leaves out the MSA updates)
+            form.msa_knobs = {**self.msa_knobs, "n_blocks": min(2, self.msa_knobs["n_blocks"])}
+        form.fold = form._fold_config(form.cfg)
+        return form
 
     def _fold_config(self, pf: PairformerConfig) -> FoldConfig:
         msa = MSAConfig(

@@ -10,6 +10,9 @@ replicated parameters' gradients and an AdamW step. Inference: forward; the outp
 
 from __future__ import annotations
 
+import copy
+from dataclasses import replace
+
 import torch
 from torch import nn
 
@@ -98,6 +101,18 @@ class PairformerWorkload:
         )  # fmt: skip
         self.dtype = dtype
         self.cfg = PairformerConfig(**self.knobs, dtype=dtype or "fp32")  # fails early, by knob name
+
+    def peak_form(self, train: bool) -> PairformerWorkload:
+        """This workload with its repeated passes cut to those that set its peak, for a memory
+        trace: in inference one block (a block frees what it made but its output, so every later one
+        repeats the first's peak); in training every block (each keeps its activations for the
+        backward)."""
+        if train:
+            return self
+        form = copy.copy(self)
+        form.knobs = {**self.knobs, "n_blocks": 1}
+        form.cfg = replace(self.cfg, n_blocks=form.knobs["n_blocks"])
+        return form
 
     def _config(self, ctx: RankContext) -> PairformerConfig:
         if self.dtype is not None:

@@ -14,7 +14,7 @@ from torch import nn
 
 from cpbench.distributed.comm import op_label
 from cpbench.models.pairformer import PairLayout, ops
-from cpbench.models.pairformer.modules import LinearNoBias
+from cpbench.models.pairformer.modules import LinearNoBias, pair_bias_rows
 
 
 class AdaLN(nn.Module):
@@ -84,7 +84,11 @@ class ConditionedAttention(nn.Module):
 
     def pair_bias(self, pair: torch.Tensor) -> torch.Tensor:
         """[..., Q, K, c_pair] -> [..., H, Q, K]."""
-        return self.bias(self.norm_pair(pair)).movedim(-1, -3)
+        return self.pair_bias_last(pair).movedim(-1, -3)
+
+    def pair_bias_last(self, pair: torch.Tensor) -> torch.Tensor:
+        """[..., Q, K, c_pair] -> [..., Q, K, H]."""
+        return self.bias(self.norm_pair(pair))
 
     def output(self, part: ops.Partial, g: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
         """Normalised partial [..., H, Q, d] -> gated update [..., Q, c_a]."""
@@ -97,8 +101,11 @@ class TokenTransformer(nn.Module):
     block z, then applies a conditioned transition. a and s are my row tokens (replicated over
     the row group); keys come from the column group and the row group merges its partials."""
 
-    def __init__(self, c_a: int, c_s: int, c_z: int, n_blocks: int, heads: int):
+    def __init__(
+        self, c_a: int, c_s: int, c_z: int, n_blocks: int, heads: int, chunk_size: int | str | None = None
+    ):
         super().__init__()
+        self.chunk_size = chunk_size
         self.attention = nn.ModuleList(ConditionedAttention(c_a, c_s, c_z, heads) for _ in range(n_blocks))
         self.transition = nn.ModuleList(ConditionedTransition(c_a, c_s) for _ in range(n_blocks))
 
@@ -113,7 +120,9 @@ class TokenTransformer(nn.Module):
                 x = attention.adaln(a, s)
                 q, g = attention.queries(x)
                 k, v = attention.keys_values(layout.col_tokens(x, n))
-                part = ops.attention_partial(q, k, v, attention.pair_bias(z), mask_bias)
+                bias = pair_bias_rows(z, attention.pair_bias_last, self.chunk_size).movedim(-1, -3)
+                part = ops.attention_partial(q, k, v, bias, mask_bias)
+                del bias
                 a = a + attention.output(layout.merge_row_group(part), g, s)
             with op_label("diffusion.token_transition"):
                 a = a + transition(a, s)

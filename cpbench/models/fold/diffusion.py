@@ -11,15 +11,17 @@ numbers land on the same atoms on every grid.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from torch import nn
+from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from cpbench.distributed.comm import op_label
 from cpbench.models.fold.atoms import AtomConditioning, AtomDecoder, AtomEncoder, AtomWindows
 from cpbench.models.fold.conditioned import TokenTransformer
-from cpbench.models.pairformer import PairLayout
+from cpbench.models.pairformer import PairLayout, chunking
 from cpbench.models.pairformer.modules import LinearNoBias, Transition
 
 SIGMA_DATA = 16.0
@@ -85,21 +87,33 @@ class DiffusionConditioning(nn.Module):
     """Algorithm 21: pair conditioning from z_trunk and the relative position; single conditioning
     from s_trunk, s_inputs and the noise level."""
 
-    def __init__(self, c_s: int, c_z: int, c_s_inputs: int, fourier: int):
+    def __init__(
+        self, c_s: int, c_z: int, c_s_inputs: int, fourier: int, chunk_size: int | str | None = None
+    ):
         super().__init__()
+        self.chunk_size = chunk_size
         self.pair_in = nn.Sequential(nn.LayerNorm(2 * c_z), LinearNoBias(2 * c_z, c_z))
-        self.pair_transitions = nn.ModuleList(Transition(c_z, 2) for _ in range(2))
+        self.pair_transitions = nn.ModuleList(Transition(c_z, 2, chunk_size) for _ in range(2))
         self.single_in = nn.Sequential(nn.LayerNorm(c_s + c_s_inputs), LinearNoBias(c_s + c_s_inputs, c_s))
         self.fourier = FourierEmbedding(fourier)
         self.noise_in = nn.Sequential(nn.LayerNorm(fourier), LinearNoBias(fourier, c_s))
         self.single_transitions = nn.ModuleList(Transition(c_s, 2) for _ in range(2))
 
-    def pair(self, z_trunk: torch.Tensor, relpos: torch.Tensor) -> torch.Tensor:
-        """Independent of the noise level: computed once per sampling run."""
-        z = self.pair_in(torch.cat([z_trunk, relpos], dim=-1))
+    def pair(self, z_trunk: torch.Tensor, relpos: Callable[[slice], torch.Tensor]) -> torch.Tensor:
+        """Independent of the noise level: computed once per sampling run. `relpos(rows)` is the
+        relative position encoding of those rows of my block. With chunking on and autograd off, the
+        result is written over z_trunk, chunk by chunk of rows."""
+        if not chunking.in_place(self.chunk_size):
+            z = self.pair_in(torch.cat([z_trunk, relpos(slice(None))], dim=-1))
+            for transition in self.pair_transitions:
+                z = z + transition(z)
+            return z
+        h, w, c_z = z_trunk.shape
+        for i in chunking.row_slices(h, self.chunk_size, 4 * w * c_z):
+            z_trunk[i] = self.pair_in(torch.cat([z_trunk[i], relpos(i)], dim=-1))
         for transition in self.pair_transitions:
-            z = z + transition(z)
-        return z
+            z_trunk = transition.update_(z_trunk)
+        return z_trunk
 
     def single(self, s_trunk: torch.Tensor, s_inputs: torch.Tensor, t_hat: float) -> torch.Tensor:
         s = self.single_in(torch.cat([s_trunk, s_inputs], dim=-1))
@@ -113,13 +127,17 @@ class DiffusionConditioning(nn.Module):
 class DiffusionModule(nn.Module):
     """Algorithm 20: the denoiser D(x_noisy, t_hat) on my atoms, conditioned on the trunk."""
 
-    def __init__(self, sizes: DiffusionSizes, c_s: int, c_z: int, c_s_inputs: int):
+    def __init__(
+        self, sizes: DiffusionSizes, c_s: int, c_z: int, c_s_inputs: int, chunk_size: int | str | None = None
+    ):
         super().__init__()
-        self.conditioning = DiffusionConditioning(c_s, c_z, c_s_inputs, sizes.fourier)
+        self.conditioning = DiffusionConditioning(c_s, c_z, c_s_inputs, sizes.fourier, chunk_size)
         args = (sizes.c_atom, sizes.c_atom_pair, sizes.c_token, sizes.atom_blocks, sizes.atom_heads)
         self.encoder = AtomEncoder(*args, c_s=c_s, c_z=c_z)
         self.single_to_token = nn.Sequential(nn.LayerNorm(c_s), LinearNoBias(c_s, sizes.c_token))
-        self.transformer = TokenTransformer(sizes.c_token, c_s, c_z, sizes.token_blocks, sizes.token_heads)
+        self.transformer = TokenTransformer(
+            sizes.c_token, c_s, c_z, sizes.token_blocks, sizes.token_heads, chunk_size
+        )
         self.norm = nn.LayerNorm(sizes.c_token)
         self.decoder = AtomDecoder(*args)
 
@@ -191,7 +209,8 @@ class DiffusionModule(nn.Module):
         """One training denoising step on the reference positions as ground truth: AF3's weighted
         MSE at a noise level drawn from the seed. This rank's share: the error of its own atoms."""
         gen = torch.Generator().manual_seed(atoms.seed * 1_000_003 - 2)  # not a noise() stream
-        sigma = SIGMA_DATA * math.exp(-1.2 + 1.5 * torch.randn(1, generator=gen).item())
+        with unset_fake_temporarily():  # a real draw even while a step is traced (probe.predict)
+            sigma = SIGMA_DATA * math.exp(-1.2 + 1.5 * torch.randn(1, generator=gen).item())
         real = atoms.atoms["atom_pad_mask"][:, None].float()
         x_true = atoms.atoms["ref_pos"] * real
         x_noisy = x_true + sigma * atoms.noise(-1, real.device) * real

@@ -35,7 +35,8 @@ from torch import nn
 
 from cpbench.distributed.comm import op_label
 from cpbench.models.embeddings import TOKEN_FEATURES
-from cpbench.models.pairformer import ops
+from cpbench.models.pairformer import chunking, ops
+from cpbench.models.pairformer.chunking import check_chunk_size
 from cpbench.models.pairformer.config import require_positive
 from cpbench.models.pairformer.layout import PairLayout
 from cpbench.models.pairformer.modules import (
@@ -43,7 +44,7 @@ from cpbench.models.pairformer.modules import (
     Transition,
     TriangleAttention,
     TriangleMultiplication,
-    _chunks,
+    pair_bias_rows,
 )
 
 MSA_CLASSES = 33  # 20 amino acids, unknown, 4 RNA, 4 DNA, unknown nucleic, gap, ... (docs/inputs.md)
@@ -77,12 +78,12 @@ class MSAConfig:
     tri_heads: int = 4
     tri_head_width: int = 32
     transition_factor: int = 4
-    chunk_size: int | None = None  # inference only: rows per slice, also passed to the pairformer ops
+    chunk_size: int | str | None = None  # inference: rows per chunk (or auto), also for the pairformer ops
 
     def __post_init__(self) -> None:
         sizes = ("c_m", "c_z", "c_s_inputs", "n_blocks", "opm_hidden", "pwa_heads", "pwa_width")
         require_positive(self, *sizes, "tri_mul_hidden", "tri_heads", "tri_head_width", "transition_factor")
-        require_positive(self, "chunk_size", nullable=True)
+        check_chunk_size(self.chunk_size)
 
 
 def _col_tokens(x: torch.Tensor, layout: PairLayout, n: int, dim: int = 1) -> torch.Tensor:
@@ -98,7 +99,7 @@ class OuterProductMean(nn.Module):
 
     LOCAL_METHODS = ("_pre", "_outer")
 
-    def __init__(self, c_m: int, c_z: int, c_hidden: int, chunk_size: int | None = None):
+    def __init__(self, c_m: int, c_z: int, c_hidden: int, chunk_size: int | str | None = None):
         super().__init__()
         self.chunk_size = chunk_size
         self.norm = nn.LayerNorm(c_m)
@@ -118,24 +119,36 @@ class OuterProductMean(nn.Module):
         count = torch.einsum("si,sj->ij", mask_a, mask_b)[..., None]
         return F.linear(outer, self.out.weight) / (OPM_EPS + count) + self.out.bias
 
+    def _operands(self, m: torch.Tensor, msa_mask: torch.Tensor, layout: PairLayout, n: int):
+        a, b = self._pre(m, msa_mask[..., None])
+        return a, _col_tokens(b, layout, n), _col_tokens(msa_mask, layout, n)
+
     def forward(self, m: torch.Tensor, msa_mask: torch.Tensor, layout: PairLayout, n: int) -> torch.Tensor:
         """m [S, h, c_m] and msa_mask [S, h] (float) of my row tokens; returns my z block's update."""
-        a, b = self._pre(m, msa_mask[..., None])
-        b_cols = _col_tokens(b, layout, n)
-        mask_cols = _col_tokens(msa_mask, layout, n)
-        slices = _chunks(a.shape[1], self.chunk_size)
-        return torch.cat([self._outer(a[:, i], b_cols, msa_mask[:, i], mask_cols) for i in slices], dim=0)
+        a, b_cols, mask_cols = self._operands(m, msa_mask, layout, n)
+        return self._outer(a, b_cols, msa_mask, mask_cols)
+
+    def update_(
+        self, z: torch.Tensor, m: torch.Tensor, msa_mask: torch.Tensor, layout: PairLayout, n: int
+    ) -> torch.Tensor:
+        """z plus the outer product mean, written over z chunk by chunk of rows (inference): the
+        c^2-wide outer products of a chunk never exceed the chunk."""
+        a, b_cols, mask_cols = self._operands(m, msa_mask, layout, n)
+        per_row = z.shape[1] * (a.shape[-1] ** 2 + z.shape[2])
+        for i in chunking.row_slices(z.shape[0], self.chunk_size, per_row):
+            z[i] += self._outer(a[:, i], b_cols, msa_mask[:, i], mask_cols)
+        return z
 
 
 class PairWeightedAveraging(nn.Module):
     """Algorithm 10: every MSA row averages its columns j with weights softmax_j(b_ij) taken from
     the pair representation (no query-key logits, so no attention over S), then a sigmoid gate."""
 
-    LOCAL_METHODS = ("_pre", "_partial", "_post")
+    LOCAL_METHODS = ("_pre", "_pair_bias", "_partial", "_post")
 
-    def __init__(self, c_m: int, c_z: int, heads: int, width: int):
+    def __init__(self, c_m: int, c_z: int, heads: int, width: int, chunk_size: int | str | None = None):
         super().__init__()
-        self.heads, self.width = heads, width
+        self.heads, self.width, self.chunk_size = heads, width, chunk_size
         self.norm_m = nn.LayerNorm(c_m)
         self.v = LinearNoBias(c_m, heads * width)
         self.gate = LinearNoBias(c_m, heads * width)
@@ -143,11 +156,13 @@ class PairWeightedAveraging(nn.Module):
         self.bias = LinearNoBias(c_z, heads)
         self.out = LinearNoBias(heads * width, c_m)
 
-    def _pre(self, m: torch.Tensor, z: torch.Tensor):
+    def _pre(self, m: torch.Tensor):
         x = self.norm_m(m)
         v = self.v(x).unflatten(-1, (self.heads, self.width))  # [S, h, H, c]
-        bias = self.bias(self.norm_z(z)).permute(2, 0, 1)  # [H, i, j]
-        return v, torch.sigmoid(self.gate(x)), bias
+        return v, torch.sigmoid(self.gate(x))
+
+    def _pair_bias(self, z: torch.Tensor) -> torch.Tensor:
+        return self.bias(self.norm_z(z))
 
     def _partial(self, v: torch.Tensor, bias: torch.Tensor, mask_bias: torch.Tensor) -> ops.Partial:
         """Softmax over my key columns j as a mergeable partial; o [S, H, i, c], l and m [H, i, 1].
@@ -168,7 +183,8 @@ class PairWeightedAveraging(nn.Module):
         """m [S, h, c_m] of my row tokens, z my block, mask [N]; returns the update of m."""
         n = mask.shape[0]
         cols = layout.cols(n)
-        v, g, bias = self._pre(m, z)
+        v, g = self._pre(m)
+        bias = pair_bias_rows(z, self._pair_bias, self.chunk_size).permute(2, 0, 1)  # [H, i, j]
         mask_bias = ops.MASK_BIAS * (mask[cols.start : cols.stop] - 1)
         part = self._partial(_col_tokens(v, layout, n), bias, mask_bias)
         return self._post(layout.merge_row_group(part), g)
@@ -181,16 +197,16 @@ class MSABlock(nn.Module):
 
     def __init__(self, cfg: MSAConfig, last: bool):
         super().__init__()
-        chunk = cfg.chunk_size
+        self.chunk_size = chunk = cfg.chunk_size
         self.outer_product_mean = OuterProductMean(cfg.c_m, cfg.c_z, cfg.opm_hidden, chunk)
         if not last:
             self.pair_weighted_averaging = PairWeightedAveraging(
-                cfg.c_m, cfg.c_z, cfg.pwa_heads, cfg.pwa_width
+                cfg.c_m, cfg.c_z, cfg.pwa_heads, cfg.pwa_width, chunk
             )
             self.msa_transition = Transition(cfg.c_m, cfg.transition_factor, chunk)
         self.last = last
-        self.tri_mul_out = TriangleMultiplication(cfg.c_z, cfg.tri_mul_hidden, outgoing=True)
-        self.tri_mul_in = TriangleMultiplication(cfg.c_z, cfg.tri_mul_hidden, outgoing=False)
+        self.tri_mul_out = TriangleMultiplication(cfg.c_z, cfg.tri_mul_hidden, True, chunk)
+        self.tri_mul_in = TriangleMultiplication(cfg.c_z, cfg.tri_mul_hidden, False, chunk)
         self.tri_att_start = TriangleAttention(cfg.c_z, cfg.tri_heads, cfg.tri_head_width, True, chunk)
         self.tri_att_end = TriangleAttention(cfg.c_z, cfg.tri_heads, cfg.tri_head_width, False, chunk)
         self.pair_transition = Transition(cfg.c_z, cfg.transition_factor, chunk)
@@ -198,19 +214,22 @@ class MSABlock(nn.Module):
     def forward(
         self, m: torch.Tensor, msa_mask: torch.Tensor, z: torch.Tensor, mask: torch.Tensor, layout: PairLayout
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        n = mask.shape[0]
+        """With chunking on and autograd off, m and z are updated in place (see `chunking`)."""
+        n, in_place = mask.shape[0], chunking.in_place(self.chunk_size)
         with op_label(MSA_OP_LABELS[0]):
-            z = z + self.outer_product_mean(m, msa_mask, layout, n)
+            opm = self.outer_product_mean
+            z = opm.update_(z, m, msa_mask, layout, n) if in_place else z + opm(m, msa_mask, layout, n)
         if not self.last:
             with op_label(MSA_OP_LABELS[1]):
                 m = m + self.pair_weighted_averaging(m, z, mask, layout)
             with op_label(MSA_OP_LABELS[2]):
-                m = m + self.msa_transition(m)
+                m = self.msa_transition.update_(m) if in_place else m + self.msa_transition(m)
         for label in MSA_OP_LABELS[3:7]:
             with op_label(label):
-                z = z + getattr(self, label.split(".")[1])(z, mask, layout)
+                op = getattr(self, label.split(".")[1])
+                z = op.update_(z, mask, layout) if in_place else z + op(z, mask, layout)
         with op_label(MSA_OP_LABELS[7]):
-            z = z + self.pair_transition(z)
+            z = self.pair_transition.update_(z) if in_place else z + self.pair_transition(z)
         return m, z
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from cpbench.models.pairformer.chunking import check_chunk_size
+
 COMPILE_MODES = ("off", "default", "max-autotune")
 DTYPES = ("fp32", "bf16")
 
@@ -21,7 +23,7 @@ class PairformerConfig:
     single_heads: int = 16  # width c_s / single_heads (24 at the defaults)
     transition_factor: int = 4  # n of the SwiGLU transitions
     dtype: str = "fp32"  # fp32, or bf16: fp32 weights under bf16 autocast
-    chunk_size: int | None = None  # inference only: rows per slice of triangle attention and transitions
+    chunk_size: int | str | None = None  # inference: rows per chunk of every pair op, or auto (chunking.py)
     checkpoint: bool = False  # training: recompute each block in the backward
     compile: str = "off"  # torch.compile of the communication-free parts: off | default | max-autotune
     fullgraph: bool = False
@@ -30,7 +32,7 @@ class PairformerConfig:
     def __post_init__(self) -> None:
         sizes = ("c_s", "c_z", "n_blocks", "tri_mul_hidden", "tri_heads", "tri_head_width", "single_heads")
         require_positive(self, *sizes, "transition_factor")
-        require_positive(self, "chunk_size", nullable=True)
+        check_chunk_size(self.chunk_size)
         if self.c_s % self.single_heads:
             raise ValueError(f"single_heads={self.single_heads}: must divide c_s={self.c_s}")
         if self.dtype not in DTYPES:

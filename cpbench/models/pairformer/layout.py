@@ -92,16 +92,20 @@ class PairLayout:
 
     def _partial_product(self, a: torch.Tensor, b: torch.Tensor, rows: range, n: int) -> torch.Tensor:
         """a_ik b_jk summed over my column tokens k, for the output columns j in `rows`."""
-        pieces = fetch_rows(b, rows, self.grid, n)
-        return torch.cat([ops.triangle_out(a, piece) for _, piece in pieces], dim=1)
+        parts = [ops.triangle_out(a, piece) for _, piece in fetch_rows(b, rows, self.grid, n)]
+        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+
+    def key_ranges(self, n: int) -> list[range]:
+        """The key column blocks in the order `key_blocks` visits them (mine first)."""
+        g = self.grid
+        return [g.col_block((g.c + step) % g.cols, n) for step in range(g.cols)]
 
     def key_blocks(self, x: torch.Tensor, n: int) -> Iterator[tuple[range, torch.Tensor]]:
         """x[R_r, K] for every key column block K in turn (mine first), passed around the row ring."""
-        g = self.grid
-        for step in range(g.cols):
+        for step, keys in enumerate(self.key_ranges(n)):
             if step:
-                x = ring_pass(x, g)
-            yield g.col_block((g.c + step) % g.cols, n), x
+                x = ring_pass(x, self.grid)
+            yield keys, x
 
     def fetch_rows(self, x: torch.Tensor, rows: range, n: int) -> list[tuple[range, torch.Tensor]]:
         """x[rows, C_c] from my column group, as (global rows, piece) pairs."""

@@ -1,0 +1,128 @@
+"""Inference chunking (the in-place, chunk-by-chunk form of every pair op) equals the plain form.
+
+The fold workload with chunking against the plain one-rank model: the sampled positions, and in
+training (where the recycling passes before the last run without autograd, hence chunked) the loss
+and every parameter's gradient; at cp=1 in this process, and on real gloo ranks in 1d cp 2 and 2d
+2x2 (the harness of test_pairformer_cp.py). The Pairformer stack alone the same way. The chunk
+rule itself, and that a chunked trace holds no N^3 tensor, are pure functions checked here too.
+"""
+
+from __future__ import annotations
+
+import traceback
+
+import pytest
+import torch
+from test_fold_cp import TINY, fold_failures
+from test_pairformer_cp import CFG, Checks, loss_and_grads, rank_context, report, spawn
+
+from cpbench.core import RankContext, Shape, Topology
+from cpbench.models.pairformer import PairformerConfig, PairformerStack, chunking
+from cpbench.probe import predict
+from cpbench.workloads.fold import FoldWorkload
+from cpbench.workloads.pairformer import PairformerWorkload
+
+SHAPE = Shape(11, 120, 3)
+CHUNK = 2  # rows per chunk: several chunks per block on every layout
+
+
+def _fold_runs(ctx) -> list[tuple]:
+    """(loss, grads, positions) of the plain and the chunked fold model on one context."""
+    runs = []
+    for chunk in (None, CHUNK):
+        workload = FoldWorkload(**TINY, chunk_size=chunk)
+        model = workload.build_model(ctx)
+        batch = workload.build_batch(SHAPE, ctx)
+        loss, grads = loss_and_grads(workload, model, batch)
+        with torch.no_grad():
+            runs.append((loss, grads, workload.run_step(model, batch, train=False)))
+    return runs
+
+
+def test_fold_chunked_equals_plain_one_rank() -> None:
+    ctx = _single()
+    (loss, grads, x), (loss_c, grads_c, x_c) = _fold_runs(ctx)
+    torch.testing.assert_close(x_c, x)
+    torch.testing.assert_close(loss_c, loss)
+    for g_c, g in zip(grads_c, grads, strict=True):
+        torch.testing.assert_close(g_c, g)
+
+
+def _single() -> RankContext:
+    return RankContext(0, 1, torch.device("cpu"), None, Topology("1d", 1, (1, 1)), torch.float32, 0, (0, 0),
+                       None, None)  # fmt: skip
+
+
+def _cp_rank(rank: int, world: int, tmp: str, kind: str, grid: tuple[int, int]) -> None:
+    """On each rank: the chunked fold model on its shard against the plain one-rank model, then the
+    chunked Pairformer stack against the plain one (inference)."""
+    failures: list[str] = []
+    try:
+        ctx = rank_context(rank, world, tmp, kind, grid)
+        failures = fold_failures(ctx, grid, SHAPE, CHUNK)
+        checks = Checks(ctx)
+        torch.manual_seed(3)
+        plain = PairformerStack(PairformerConfig(**CFG))
+        chunked = PairformerStack(PairformerConfig(**CFG, chunk_size=CHUNK))
+        chunked.load_state_dict(plain.state_dict())
+        checks.compare("stack chunked vs plain", plain, "stack", train=False, cp_module=chunked)
+        failures.extend(checks.failures)
+    except Exception:
+        failures.append(f"rank {rank}: {traceback.format_exc()}")
+    finally:
+        report(tmp, rank, failures)
+
+
+@pytest.mark.parametrize("kind, grid", [("1d", (2, 1)), ("2d", (2, 2))], ids=["1d-2", "2d-2x2"])
+def test_chunked_cp_equals_plain_one_rank(kind: str, grid: tuple[int, int]) -> None:
+    reports = spawn(_cp_rank, grid[0] * grid[1], kind, grid, timeout=180)
+    failures = [line for r in reports for line in r]
+    assert not failures, "\n".join(failures)
+
+
+def test_auto_chunks_shrink_with_the_transient():
+    per_row = chunking.AUTO_ELEMENTS // 3  # three rows fit
+    assert chunking.row_slices(8, chunking.AUTO, per_row) == [slice(0, 3), slice(3, 6), slice(6, 8)]
+    one_row = [slice(i, i + 1) for i in range(8)]
+    assert chunking.row_slices(8, chunking.AUTO, 10 * chunking.AUTO_ELEMENTS) == one_row
+    assert chunking.row_slices(8, None, per_row) == [slice(0, 8)]
+    with chunking.peak_only():
+        assert chunking.row_slices(8, 3, per_row) == [slice(0, 3), slice(3, 6)]
+    with pytest.raises(ValueError, match="chunk_size='big'"):
+        PairformerConfig(chunk_size="big")
+
+
+def _peak(workload, n: int) -> float:
+    return predict.trace_peak(workload, Topology("1d", 1, (1, 1)), Shape(n, 0, 1), False, torch.float32, 0, 0)
+
+
+def test_chunked_inference_holds_no_n_cubed_tensor():
+    """Pairformer inference traced on fake tensors: doubling N multiplies the plain form's peak by
+    close to 8 (the triangle attention logits, N^3 H), the chunked form's by close to 4 (z)."""
+    sizes = dict(c_s=16, c_z=16, n_blocks=1, tri_mul_hidden=16, tri_heads=4, tri_head_width=4, single_heads=2)
+    plain, chunked = PairformerWorkload(**sizes), PairformerWorkload(**sizes, chunk_size=chunking.AUTO)
+    growth_plain = _peak(plain, 512) / _peak(plain, 256)
+    growth_chunked = _peak(chunked, 512) / _peak(chunked, 256)
+    assert growth_plain > 6.5, growth_plain
+    assert growth_chunked < 4.5, growth_chunked
+
+
+LOOPS = dict(TINY, n_blocks=3, msa_blocks=3, input_atom_blocks=3, atom_blocks=3, token_blocks=3, n_cycles=3,
+             sampling={"steps": 3})  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("train", "chunk", "dtype"),
+    [(False, CHUNK, torch.float32), (False, CHUNK, torch.bfloat16), (False, None, torch.bfloat16),
+     (True, CHUNK, torch.float32)],
+    ids=["inference-chunked-fp32", "inference-chunked-bf16", "inference-plain-bf16", "training-fp32"],
+)  # fmt: skip
+def test_fast_estimate_equals_the_full_trace(train: bool, chunk, dtype) -> None:
+    """The estimate traces the workload's `peak_form` (loops cut to the passes that set the peak,
+    chunk loops two deep) and adds the weights it left out: the same bytes as tracing every pass."""
+    workload = FoldWorkload(**LOOPS, chunk_size=chunk)
+    topology, shape = Topology("1d", 1, (1, 1)), Shape(16, 150, 3)
+    fast = predict.trace_peak(workload, topology, shape, train, dtype, 0, 0)
+    every_pass = predict.TracedForm(workload)
+    full = predict.trace_peak(workload, topology, shape, train, dtype, 0, 0, form=every_pass)
+    assert fast == full
