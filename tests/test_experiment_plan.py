@@ -26,6 +26,7 @@ from cpbench.experiment.plan import (
 from cpbench.experiment.runner import PlanRun
 from cpbench.experiment.verdict import Change, drift_pct, judge, judge_max_n, median_change
 from cpbench.measure.stats import RepeatTiming, first_step_ms, repeat_totals_ms
+from cpbench.settings.schema import register
 
 pytestmark = pytest.mark.unit  # in-process: the fast lane (pytest -m unit)
 
@@ -162,6 +163,7 @@ def test_max_n_is_judged_against_both_reference_measurements():
 
 @pytest.mark.parametrize("name", sorted(p.stem for p in PLANS.glob("*.yaml")))
 def test_every_shipped_plan_composes_and_checks_as_a_run(name, tmp_path):
+    register()  # the schema the config's defaults name
     with initialize_config_module("cpbench.configs", version_base="1.3"):
         cfg = compose("config", [f"experiment={name}", f"output_dir={tmp_path}"])
         PlanRun(cfg, [], checked, run_one=lambda c: 1).check_all()
