@@ -25,6 +25,8 @@ def test_every_setting_is_assigned_to_its_identities():
     """A new BenchConfig field fails here until it is assigned (to some identities or to none)."""
     fields = [f.name for f in dataclasses.fields(BenchConfig)]
     assert sorted(identity.PART_OF) == sorted(fields)
+    curve = [name for name in fields if identity.CURVE in identity.PART_OF[name]]
+    assert sorted(identity._CURVE_ORDER) == sorted(curve)  # the published keys' order names them all
     known = {identity.ROWS, identity.BASELINE, identity.CURVE}
     assert all(set(parts) <= known for parts in identity.PART_OF.values())
 
