@@ -115,8 +115,8 @@ def _check_footprint(folder: RunFolder, before: Snapshot) -> None:
         print(f"cpbench: {found['line']}", file=sys.stderr)
     if folder.run_json.exists():
         folder.write_metadata({**folder.read_metadata(), "footprint": found})
-        if folder.report.exists():
-            write_report(folder.root)
+        if folder.report.exists():  # the footprint line is new, the rows are those the run drew
+            write_report(folder.root, redraw=False)
 
 
 def fake_tensor_estimate(

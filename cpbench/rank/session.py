@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import torch.distributed as dist
@@ -60,8 +61,8 @@ class RankSession:
     def train(self) -> bool:
         return self.settings.workflow in (Workflow.training, Workflow.convergence)
 
-    @property
-    def config_hash(self) -> str:
+    @cached_property
+    def config_hash(self) -> str:  # hashing the settings costs a tenth of a second; they never change
         return config_hash(self.settings)
 
     @property

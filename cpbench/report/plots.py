@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -101,14 +102,26 @@ def plot_walltime(frame: pd.DataFrame, path: Path) -> Path | None:
     return path
 
 
+Plotter = Callable[[pd.DataFrame, Path], Path | None]
+
+
+def _run_plots(folder: RunFolder) -> tuple[tuple[str, Path, Plotter], ...]:
+    return (
+        ("max N_tokens vs cp against the sqrt(cp) ideal", folder.max_n_plot, plot_max_n),
+        ("walltime vs N_tokens per cp", folder.walltime_plot, plot_walltime),
+    )
+
+
+def drawn_plots(out_dir: Path) -> dict[str, str]:
+    """The plots already beside a report, {alt text: file name}, as write_plots returned them."""
+    return {alt: path.name for alt, path, _ in _run_plots(RunFolder(out_dir)) if path.exists()}
+
+
 def write_plots(frame: pd.DataFrame, out_dir: Path) -> dict[str, str]:
     """Write the plots the rows allow, removing any the rows no longer allow (a stale plot beside a
     report would show other data); {alt text: file name} for the report to link."""
-    written, folder = {}, RunFolder(out_dir)
-    for alt, path, plot in (
-        ("max N_tokens vs cp against the sqrt(cp) ideal", folder.max_n_plot, plot_max_n),
-        ("walltime vs N_tokens per cp", folder.walltime_plot, plot_walltime),
-    ):
+    written = {}
+    for alt, path, plot in _run_plots(RunFolder(out_dir)):
         if plot(frame, path):
             written[alt] = path.name
         else:
