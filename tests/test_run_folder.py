@@ -21,7 +21,7 @@ ROW = {"workload": "axial_mix", "workflow": "inference", "topology": "1d", "cp":
 def test_atomic_write_leaves_no_temporary_and_a_plain_mode(tmp_path):
     folder = RunFolder(tmp_path / "run")
     folder.write_json(folder.run_json, {"cp": 2})
-    assert folder.read_metadata() == {"cp": 2}
+    assert folder.read_json(folder.run_json) == {"cp": 2}
     assert sorted(p.name for p in folder.root.iterdir()) == ["run.json"]
     umask = os.umask(0)
     os.umask(umask)
@@ -33,7 +33,7 @@ def test_a_failed_write_keeps_the_old_file(tmp_path):
     folder.write_json(folder.run_json, {"cp": 2})
     with pytest.raises(TypeError):
         folder.write_json(folder.run_json, {"cp": object()})  # not JSON: fails mid-write
-    assert folder.read_metadata() == {"cp": 2}
+    assert folder.read_json(folder.run_json) == {"cp": 2}
     assert [p.name for p in tmp_path.iterdir()] == ["run.json"]
 
 

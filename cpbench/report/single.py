@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from cpbench.record import run_record
 from cpbench.report.markdown import render
 from cpbench.report.plots import write_plots
 from cpbench.results.folder import RunFolder
@@ -15,10 +16,10 @@ def write_report(output_dir: Path, plots: bool = True) -> Path:
     under other settings (another config hash) keep their table but stay out of the plots. Without
     `plots`, the markdown alone (a launching process that may fork ranks afterwards draws nothing)."""
     folder = RunFolder(output_dir)
-    frame, meta = folder.read_results(), folder.read_metadata()
-    current = frame
-    if meta.get("config_hash") and "config_hash" in frame.columns:
-        current = frame[frame["config_hash"] == meta["config_hash"]]
+    frame, record = folder.read_results(), run_record.read(folder)
+    current, config = frame, record.metadata.config_hash
+    if config and "config_hash" in frame.columns:
+        current = frame[frame["config_hash"] == config]
     drawn = write_plots(current, folder.root) if plots else {}
-    folder.write_text(folder.report, render(frame, meta, plots=drawn))
+    folder.write_text(folder.report, render(frame, record, plots=drawn))
     return folder.report

@@ -177,10 +177,6 @@ class RunFolder:
     def experiments_png(self) -> Path:
         return self.root / self.EXPERIMENTS_PNG
 
-    def is_finished(self) -> bool:
-        """The run ended whole (its report written, no failure recorded): a plan does not run it again."""
-        return bool(self.read_metadata().get("finished")) and not self.failure.exists()
-
     def check_writable(self) -> None:
         """Fail before anything starts when the folder cannot hold a run (a file, no permission)."""
         if self.root.exists() and not self.root.is_dir():
@@ -288,12 +284,6 @@ class RunFolder:
 
     def write_convergence(self, frame: pd.DataFrame) -> None:
         write_atomically(self.convergence, frame.to_csv(index=False))
-
-    def read_metadata(self) -> dict[str, Any]:
-        return self.read_json(self.run_json) or {}
-
-    def write_metadata(self, metadata: Mapping[str, Any]) -> None:
-        self.write_json(self.run_json, dict(metadata))
 
     # How a run ended.
     def record_failure(
