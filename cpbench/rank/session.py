@@ -10,7 +10,7 @@ from typing import Any
 import torch.distributed as dist
 
 from cpbench.core import RankContext
-from cpbench.measure.budget import apply_budget
+from cpbench.measure.budget import apply_budget, budget_gib
 from cpbench.measure.fault import Fault
 from cpbench.measure.point import Budget, PointSettings, comm_timing
 from cpbench.record import metadata, run_record
@@ -112,8 +112,6 @@ class RankSession:
 
 
 def memory_budget(settings: BenchConfig, ctx: RankContext) -> Budget | None:
-    """The per-rank cap, applied: memory.budget_gib, or on CPU memory.cpu_budget_gib when that is null."""
-    gib = settings.memory.budget_gib
-    if gib is None and ctx.device.type == "cpu":
-        gib = settings.memory.cpu_budget_gib
+    """The per-rank cap (`budget_gib`), applied."""
+    gib = budget_gib(settings.memory, ctx.device.type)
     return None if gib is None else Budget(gib, apply_budget(gib, ctx.device))
