@@ -7,6 +7,7 @@ version reads too: a section or field it lacks is None, a key no longer known is
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
@@ -231,7 +232,7 @@ class RunRecord:
 
     @classmethod
     def from_json(cls, raw: dict[str, Any]) -> RunRecord:
-        def section(name: str, read: Any) -> Any:
+        def section(name: str, read: Callable[[dict[str, Any]], Any]) -> Any:
             return read(raw[name]) if raw.get(name) else None
 
         return cls(
@@ -253,15 +254,16 @@ def read(folder: RunFolder) -> RunRecord:
 
 def start(folder: RunFolder, metadata: RunMetadata, what_changed: tuple[Change, ...]) -> RunRecord:
     """A run's record from its start: whatever an earlier run in the folder recorded is replaced."""
-    record = RunRecord(metadata, what_changed)
-    folder.write_json(folder.run_json, record.to_json())
-    return record
+    return _write(folder, RunRecord(metadata, what_changed))
 
 
 def update(folder: RunFolder, **sections: Any) -> RunRecord:
     """Replace the named sections of the folder's record (RunRecord's fields) and write it back."""
-    record = replace(read(folder), **sections)
-    folder.write_json(folder.run_json, record.to_json())
+    return _write(folder, replace(read(folder), **sections))
+
+
+def _write(folder: RunFolder, record: RunRecord) -> RunRecord:
+    folder.write_json(folder.run_json, record.to_json())  # atomic: a rename over the last one
     return record
 
 
