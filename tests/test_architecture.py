@@ -82,3 +82,10 @@ def test_no_import_circles_between_folders():
 
     circles = sorted((a, b) for a, targets in rooms.items() for b in targets if reaches(b, a))
     assert not circles
+
+
+def test_the_report_renders_records_and_imports_nothing_that_measures():
+    allowed = {"report", "results", "record", "settings", "core", "cpbench"}  # cpbench: the package root
+    wrong = [(m, n) for m, names in _imports().items() if _room(m) == "report" for n in names
+             if _room(n) not in allowed]  # fmt: skip
+    assert not wrong

@@ -24,7 +24,7 @@ def test_rows_of_two_configs_are_never_mixed_and_the_budget_and_noise_are_said(t
     folder = RunFolder(tmp_path)
     meta = {"seed": 1, "config_hash": "bbb222", "budget_gib": 1.0, "baseline_gib": 0.27,
             "oversubscribed": "yes (4 ranks on 2 CPU core(s))", "ranks_per_device": 2.0}  # fmt: skip
-    folder.write_metadata(meta)
+    folder.write_json(folder.run_json, meta)
     folder.append_results([
         _row(64, "aaa111", 0, 10.0, 0.5),
         _row(960, "aaa111", 0, None, None, kind="max-fit", oom_at=1024, walltime_ms=None),
@@ -55,7 +55,8 @@ def test_a_merge_flags_runs_that_overlapped_on_one_host(tmp_path):
     for name, (start, end) in spans.items():
         folder = RunFolder(tmp_path / "sweep" / name)
         cp = int(name.split("cp")[1])
-        folder.write_metadata(
+        folder.write_json(
+            folder.run_json,
             {
                 "host": "box",
                 "cp": cp,
@@ -63,7 +64,7 @@ def test_a_merge_flags_runs_that_overlapped_on_one_host(tmp_path):
                 "config_hash": f"h{cp}",
                 "date": f"2026-01-01 {start} UTC",
                 "finished": f"2026-01-01 {end} UTC",
-            }
+            },
         )
         folder.append_results([{**_row(64, f"h{cp}", 0, 10.0, 0.5), "cp": cp}])  # fmt: skip
     text = merge([tmp_path / "sweep"]).report.read_text()

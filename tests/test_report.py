@@ -12,9 +12,9 @@ import pandas as pd
 import pytest
 from conftest import results, run_cmd
 
-from cpbench.report.markdown import readout
 from cpbench.report.merge import collect, merge
 from cpbench.report.plots import write_plots
+from cpbench.report.sections.readout import readout
 from cpbench.results.folder import RunFolder
 from cpbench.results.store import append_row
 
@@ -44,7 +44,7 @@ def _row(cp: int, n: int, kind: str = "point", dtype: str = "float32", **values)
 
 def _run(folder: Path, cp: int, rows: list[dict]) -> Path:
     folder.mkdir(parents=True)
-    RunFolder(folder).write_metadata(_meta(cp))
+    RunFolder(folder).write_json(folder / "run.json", _meta(cp))
     for row in rows:
         append_row(folder / "results.csv", row)
     return folder

@@ -7,9 +7,10 @@ import os
 import pytest
 
 from cpbench.launch.outcome import close_failed
+from cpbench.probe.in_flight import WorkInFlight
 from cpbench.probe.search import Trial
 from cpbench.probe.state import ProbeState
-from cpbench.results.folder import RunFolder
+from cpbench.results.folder import RepeatedCrash, RunFolder
 
 pytestmark = pytest.mark.unit  # in-process: the fast lane (pytest -m unit)
 
@@ -21,7 +22,7 @@ ROW = {"workload": "axial_mix", "workflow": "inference", "topology": "1d", "cp":
 def test_atomic_write_leaves_no_temporary_and_a_plain_mode(tmp_path):
     folder = RunFolder(tmp_path / "run")
     folder.write_json(folder.run_json, {"cp": 2})
-    assert folder.read_metadata() == {"cp": 2}
+    assert folder.read_json(folder.run_json) == {"cp": 2}
     assert sorted(p.name for p in folder.root.iterdir()) == ["run.json"]
     umask = os.umask(0)
     os.umask(umask)
@@ -33,7 +34,7 @@ def test_a_failed_write_keeps_the_old_file(tmp_path):
     folder.write_json(folder.run_json, {"cp": 2})
     with pytest.raises(TypeError):
         folder.write_json(folder.run_json, {"cp": object()})  # not JSON: fails mid-write
-    assert folder.read_metadata() == {"cp": 2}
+    assert folder.read_json(folder.run_json) == {"cp": 2}
     assert [p.name for p in tmp_path.iterdir()] == ["run.json"]
 
 
@@ -63,6 +64,30 @@ def test_probe_state_interrupt_keeps_the_trials_and_retries_the_n(tmp_path):
     assert again.interrupted and [t.n for t in again.trials] == [64]
     assert again.resume_in_flight(max_restarts=0) == 128  # tried again, not counted as a crash
     assert ProbeState(folder, "other").trials == []  # another configuration starts afresh
+
+
+def test_one_record_over_the_point_and_the_probe_n_in_flight(tmp_path):
+    folder = RunFolder(tmp_path)
+    work = WorkInFlight(folder)
+    assert work.where() is None and work.interrupt() is None
+    probe = ProbeState(folder, "abc")
+    probe.start(256)
+    folder.in_flight.start(ROW)
+    assert work.interrupt() == "N=16"  # the point is named first; both are marked at once
+    assert folder.in_flight.resume(max_restarts=0) == ROW  # a signal is no crash: measured again
+    assert ProbeState(folder, "abc").resume_in_flight(max_restarts=0) == 256
+    # Crashes count by one rule for both: a run that dies at the item without a signal is one.
+    with pytest.raises(RepeatedCrash, match="crashed 1 time"):
+        folder.in_flight.resume(max_restarts=0)
+    assert list(folder.read_results()["status"]) == ["crashed"]  # the point, recorded as crashed
+    with pytest.raises(RepeatedCrash, match="probe: N=256 crashed 1 time"):
+        ProbeState(folder, "abc").resume_in_flight(max_restarts=0)
+    # Out of memory on one rank alone closes both: the point as oom, the N as not fitting.
+    folder.in_flight.start({**ROW, "N_tokens": 32})
+    assert work.where() == "N=32"
+    work.close_oom("rank 1: out of memory")
+    assert list(folder.read_results()["status"]) == ["crashed", "oom"] and work.where() is None
+    assert [(t.n, t.fits, t.status) for t in ProbeState(folder, "abc").trials] == [(256, False, "oom")]
 
 
 def test_close_failed_records_the_point_the_report_and_the_failure(tmp_path):

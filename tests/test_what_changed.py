@@ -9,7 +9,9 @@ from omegaconf import OmegaConf
 
 from cpbench.core import ConfigError
 from cpbench.plan.changes import load_job, what_changed
-from cpbench.report.markdown import render, what_changed_lines
+from cpbench.record.run_record import Change, RunRecord
+from cpbench.report.markdown import render
+from cpbench.report.sections.what_changed import what_changed_lines
 from cpbench.settings.schema import BenchConfig, register
 from cpbench.settings.validate import to_settings
 from cpbench.workloads.adapter import FoldCPAdapter
@@ -93,13 +95,13 @@ def test_an_adapter_without_real_job_is_one_limitation():
 def test_the_report_estimates_the_real_jobs_step_from_the_measured_one():
     import pandas as pd
 
-    rows = list(_rows("workload=fold_small").values())
+    changes = tuple(Change(**r) for r in _rows("workload=fold_small").values())
     row = dict(kind="point", status="ok", N_tokens=64, N_atoms=576, MSA_depth=16, walltime_ms=100.0,
                walltime_iqr_ms=1.0, comm_ms=10.0, config_hash="x", workload="fold", workflow="inference",
                dtype="float32", topology="1d", cp=2, grid="2x1")  # fmt: skip
     frame = pd.DataFrame([row])
-    text = render(frame, {"what_changed": rows})
-    assert "\n".join(what_changed_lines(rows)) in text
+    text = render(frame, RunRecord(what_changed=changes))
+    assert "\n".join(what_changed_lines(changes)) in text
     assert "at N_tokens=64 at most 50x the measured 100 ms, i.e. up to 5 s" in text
     assert "the real job's sampling time alone is not measured" in text
 

@@ -28,7 +28,9 @@ from cpbench.plan.footprint import Snapshot
 from cpbench.probe import predict
 from cpbench.probe.predict import Prediction
 from cpbench.rank import RunSpec, run_rank
-from cpbench.report.markdown import what_changed_lines
+from cpbench.record import run_record
+from cpbench.record.run_record import Change, Footprint, RepeatCheck
+from cpbench.report.sections.what_changed import what_changed_lines
 from cpbench.report.single import write_report
 from cpbench.results.folder import FolderLocked, RunFolder
 from cpbench.runtime.seed import deterministic
@@ -101,11 +103,11 @@ def run(cfg: DictConfig, in_sweep: bool = False, baseline_root: Path | None = No
         return close_interrupted(folder, topology.cp, stop)
 
 
-def _what_changed(settings: BenchConfig, workload: Workload) -> list[dict]:
+def _what_changed(settings: BenchConfig, workload: Workload) -> list[Change]:
     """The what-changed table's rows, against the workload's real job or the user's `job=` file."""
     job = load_job(settings.job) if settings.job else None
     config = OmegaConf.to_container(OmegaConf.structured(settings), resolve=True, enum_to_str=True)
-    return [row.as_dict() for row in what_changed(config, getattr(workload, "real_job", ()), job)]
+    return what_changed(config, getattr(workload, "real_job", ()), job)
 
 
 def _check_footprint(folder: RunFolder, before: Snapshot) -> None:
@@ -114,7 +116,7 @@ def _check_footprint(folder: RunFolder, before: Snapshot) -> None:
     if found["left"]:
         print(f"cpbench: {found['line']}", file=sys.stderr)
     if folder.run_json.exists():
-        folder.write_metadata({**folder.read_metadata(), "footprint": found})
+        run_record.update(folder, footprint=Footprint.from_json(found))
         if folder.report.exists():  # the footprint line is new, the rows are those the run drew
             write_report(folder.root, redraw=False)
 
@@ -186,7 +188,7 @@ def _repeat_check(spec: RunSpec, cp: int, in_sweep: bool) -> int:
             return code
         folders.append(run)
     spread = repeat_spread([f.read_results() for f in folders], config_hash(settings))
-    folder.write_metadata({**folder.read_metadata(), "repeat_check": spread})
+    run_record.update(folder, repeat_check=RepeatCheck.from_json(spread))
     write_report(folder.root)
     figures = ", ".join(f"{name} {value:.3g}" for name, value in spread["tolerance"].items())
     print(

@@ -10,7 +10,7 @@ import sys
 from collections.abc import Iterator
 
 from cpbench.launch.outcome import close_failed
-from cpbench.probe.state import ProbeState
+from cpbench.probe.in_flight import WorkInFlight
 from cpbench.results.folder import RunFolder
 
 
@@ -38,12 +38,8 @@ def signals_end_the_run() -> Iterator[None]:
 
 
 def in_flight(folder: RunFolder) -> str | None:
-    """The point or probe N being measured, as a person reads it."""
-    if row := folder.in_flight.row():
-        return f"N={row['N_tokens']}"
-    if (n := ProbeState(folder).in_flight) is not None:
-        return f"probe N={n}"
-    return None
+    """The point or probe N being measured, as a person reads it (for a run whose ranks crashed)."""
+    return WorkInFlight(folder).where()
 
 
 def close_interrupted(folder: RunFolder, cp: int, stop: BaseException) -> int:
@@ -53,9 +49,7 @@ def close_interrupted(folder: RunFolder, cp: int, stop: BaseException) -> int:
     signum = getattr(stop, "signum", None) or getattr(stop, "sigval", None) or signal.SIGINT
     if os.environ.get("RANK", "0") != "0":  # under torchrun: rank 0 closes the run
         return 128 + signum
-    where = in_flight(folder)
-    folder.in_flight.interrupt()
-    ProbeState(folder).interrupt()
+    where = WorkInFlight(folder).interrupt()
     where = f"at {where}" if where else ("between points" if folder.results.exists() else "at start-up")
     line = f"interrupted {where}; run the same command to resume"
     close_failed(folder, cp, "interrupted", line, 128 + signum)

@@ -13,8 +13,11 @@ import numpy as np
 import pandas as pd
 
 from cpbench.measure.convergence import compare
+from cpbench.record import run_record
+from cpbench.record.run_record import RunMetadata, RunRecord
 from cpbench.report import merge, reference
-from cpbench.report.markdown import _META, NOISY_IQR, noisy
+from cpbench.report.analysis import NOISY_IQR, noisy
+from cpbench.report.sections.run_metadata import LABELS
 from cpbench.results.folder import RunFolder
 from cpbench.results.store import read_results
 
@@ -32,7 +35,7 @@ class Run:
 
     name: str
     frame: pd.DataFrame  # its results rows (empty: none)
-    meta: dict[str, Any]
+    record: RunRecord
     folder: RunFolder | None  # None: a run known only from a published report
     report: str = ""  # the markdown that shows its rows
 
@@ -59,7 +62,7 @@ def _published(md: Path) -> list[Run]:
     """The runs of a published report: its CSV's rows by run, and its metadata table read back."""
     frame = read_results(md.with_name(merge.PUBLISHED_CSV))
     text = md.read_text()
-    labels = {label: key for key, label in _META}
+    labels = {label: key for key, label in LABELS.items()}
     metas: dict[str, dict[str, Any]] = {}
     section = text.split("## Run metadata", 1)[1].split("\n## ", 1)[0] if "## Run metadata" in text else ""
     rows = [line for line in section.splitlines() if line.startswith("|")]
@@ -71,8 +74,13 @@ def _published(md: Path) -> list[Run]:
             for name, cell in zip(names, cells, strict=False):
                 metas[name][labels.get(label, label)] = cell
     runs = frame.groupby("run", sort=False) if "run" in frame.columns else [(md.stem, frame)]
-    return [Run(str(name), rows.drop(columns="run", errors="ignore"), metas.get(str(name), {}), None, text)
-            for name, rows in runs]  # fmt: skip
+    return [Run(str(name), rows.drop(columns="run", errors="ignore"), _read_back(metas.get(str(name), {})),
+                None, text) for name, rows in runs]  # fmt: skip
+
+
+def _read_back(cells: dict[str, str]) -> RunRecord:
+    """A published run's metadata from its column of the table: each figure as its cell's text."""
+    return RunRecord(metadata=RunMetadata.from_json(cells))
 
 
 def collect(paths: Sequence[Path]) -> Results:
@@ -85,7 +93,7 @@ def collect(paths: Sequence[Path]) -> Results:
         for name, run_dir in merge.discover([path]):
             folder = RunFolder(run_dir)
             report = folder.report.read_text() if folder.report.exists() else ""
-            results.runs.append(Run(name, folder.read_results(), folder.read_metadata(), folder, report))
+            results.runs.append(Run(name, folder.read_results(), run_record.read(folder), folder, report))
         results.folders.append(path)
     return results
 
@@ -109,12 +117,17 @@ def rule_repeats(results: Results) -> Verdict:
     return Verdict(rule, "pass", f"{sum(len(rows) for _, rows in timed)} timed point(s)")
 
 
+def _lacking(meta: RunMetadata) -> list[str]:
+    recorded = dict(meta.recorded())
+    return [name for name in REQUIRED_META if name not in recorded]
+
+
 def rule_metadata(results: Results) -> Verdict:
     rule = "metadata complete (" + ", ".join(REQUIRED_META) + ")"
     if not results.runs:
         return Verdict(rule, "n/a", "no run")
-    missing = [f"{run.name}: {', '.join(k for k in REQUIRED_META if k not in run.meta)}"
-               for run in results.runs if any(k not in run.meta for k in REQUIRED_META)]  # fmt: skip
+    lacking = [(run.name, _lacking(run.record.metadata)) for run in results.runs]
+    missing = [f"{name}: {', '.join(names)}" for name, names in lacking if names]
     if missing:
         return Verdict(rule, "fail", "missing " + "; ".join(missing))
     return Verdict(rule, "pass", f"{len(results.runs)} run(s)")
@@ -181,12 +194,13 @@ def rule_convergence(results: Results) -> Verdict:
     for run in results.runs:
         if run.folder is None or not run.folder.convergence.exists():
             continue
-        summary = run.meta.get("convergence", {})
-        given = summary.get("reference")
-        path = Path(given) if given else reference.find(summary.get("curve_key", ""))
+        summary = run.record.convergence
+        given = summary.reference if summary else None
+        path = Path(given) if given else reference.find(summary.curve_key if summary else "")
         if path is None or not path.exists():
             continue
-        rtol, atol = summary.get("rtol", 1e-4), summary.get("atol", 1e-6)
+        rtol = summary.rtol if summary and summary.rtol is not None else 1e-4
+        atol = summary.atol if summary and summary.atol is not None else 1e-6
         comparison = compare(pd.read_csv(run.folder.convergence), pd.read_csv(path), rtol, atol)
         (checked if comparison.match else failed).append(f"{run.name} vs {path.name}: {comparison.line()}")
     if failed:

@@ -33,6 +33,7 @@ from cpbench.experiment.plan import (
     skip_reason,
 )
 from cpbench.experiment.verdict import change_pct, judge, judge_max_n, median_change
+from cpbench.record import run_record
 from cpbench.report.experiments import write_experiments
 from cpbench.results.folder import RunFolder
 
@@ -157,7 +158,7 @@ class PlanRun:
     def measure(self, name: str, applied: Sequence[str]) -> Measured | int:
         """Run one run of the plan (or read it, when it finished before); its exit code if it failed."""
         folder = self.root.experiment_run(name)
-        if folder.is_finished():
+        if run_record.is_finished(folder):
             say(f"{name}: finished before, read from {folder.root}")
             return Measured.read(name, folder)
         say(f"{name}: running {' '.join(applied) or '(the baseline)'} -> {folder.root}")

@@ -20,6 +20,7 @@ from cpbench.core import DoesNotFit
 from cpbench.launch.local import RankFailure, launch_local
 from cpbench.launch.outcome import close_failed
 from cpbench.rank import RunSpec, walltime_points
+from cpbench.record import run_record
 from cpbench.results.folder import RunFolder
 from cpbench.results.row import BASELINE, point_key
 from cpbench.settings.cp1 import cp1_settings
@@ -99,7 +100,8 @@ def run_baseline(settings: BenchConfig, root: Path) -> RunFolder | None:
 
 def refusal(folder: RunFolder) -> str | None:
     """The time budget's refusal of a run's plan (nothing was measured), or None."""
-    return (folder.read_metadata().get("time_budget") or {}).get("refusal")
+    planned = run_record.read(folder).time_budget
+    return planned.refusal if planned is not None else None
 
 
 def baseline_rows(folder: RunFolder, settings: BenchConfig) -> pd.DataFrame:

@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 
 from cpbench.measure.memory import read_peak_gib
+from cpbench.settings.schema import MemoryConfig
 
 GIB = 2**30
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc mallopt parameters
@@ -19,6 +20,15 @@ _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc mallopt parameters
 def _status_bytes(field: str) -> int:
     text = Path("/proc/self/status").read_text()
     return int(re.search(rf"^{field}:\s+(\d+) kB", text, re.MULTILINE).group(1)) * 1024
+
+
+def budget_gib(memory: MemoryConfig, device_type: str) -> float | None:
+    """The per-rank cap of a run whose ranks run on `device_type`: memory.budget_gib, or on CPU, where
+    the machine's RAM is no device memory worth probing to its end, memory.cpu_budget_gib when that is
+    null. The ranks apply it and the fake-tensor estimate is held against it: one rule for both."""
+    if memory.budget_gib is None and device_type == "cpu":
+        return memory.cpu_budget_gib
+    return memory.budget_gib
 
 
 def apply_budget(budget_gib: float, device: torch.device) -> float:

@@ -6,7 +6,6 @@ under cpbench's own keys), which wins where both set a key. Ways no setting chan
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +13,7 @@ import yaml
 from omegaconf import OmegaConf
 
 from cpbench.core import ConfigError
+from cpbench.record.run_record import Change
 from cpbench.workloads.base import Limitation, RealSetting
 
 # Why a job key set differently matters, by its first part.
@@ -25,20 +25,6 @@ _WHY = {
     "workflow": "training adds the backward and optimizer step",
     "workload": "a model setting: it changes the work of a step",
 }
-
-
-@dataclass(frozen=True)
-class Change:
-    what: str
-    benchmark: str
-    real: str
-    setting: str  # what controls it; a limitation's is empty
-    why: str
-    limitation: bool = False
-    scale: float | None = None  # real / benchmark, when the job's time grows in proportion to it
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def load_job(path: str) -> dict[str, Any]:

@@ -27,9 +27,10 @@ from torch.utils._pytree import tree_leaves
 from torch.utils.weak import WeakIdKeyDictionary
 
 from cpbench.core import RankContext, Shape, Topology
+from cpbench.measure.budget import budget_gib
 from cpbench.models.pairformer import chunking
 from cpbench.probe.search import align_down, align_up
-from cpbench.runtime.rank import joined_context, pick_backend
+from cpbench.runtime.rank import device_type, joined_context, pick_backend
 from cpbench.runtime.seed import seed_all
 from cpbench.settings.schema import BenchConfig, Workflow
 from cpbench.sweep import resolve_shape
@@ -346,14 +347,6 @@ def _crossing(estimates: list[Estimate], budget_gib: float, m: int, lo: int) -> 
     return align_down(min(roots), m) if roots else None
 
 
-def budget_of(settings: BenchConfig) -> float | None:
-    """The per-rank budget the estimate is held against: memory.budget_gib, else (a CPU run) the CPU cap."""
-    memory = settings.memory
-    if memory.budget_gib is not None:
-        return memory.budget_gib
-    return None if torch.cuda.is_available() else memory.cpu_budget_gib
-
-
 def for_run(settings: BenchConfig, workload: Workload, topology: Topology) -> Prediction:
     """The run's prediction; CannotTrace names the op when the workload cannot run on fake tensors."""
     p = settings.probe
@@ -364,7 +357,7 @@ def for_run(settings: BenchConfig, workload: Workload, topology: Topology) -> Pr
         settings.workflow is Workflow.training,
         getattr(torch, settings.dtype.value),
         settings.seed,
-        budget_of(settings),
+        budget_gib(settings.memory, device_type(pick_backend(settings.dist.backend))),
         p.start,
         p.factor,
         p.max_tokens,

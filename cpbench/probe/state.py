@@ -8,6 +8,7 @@ import dataclasses
 import pandas as pd
 
 from cpbench.probe.search import Trial
+from cpbench.results.flight import Flight
 from cpbench.results.folder import RepeatedCrash, RunFolder
 
 
@@ -19,14 +20,19 @@ class ProbeState:
         saved = folder.read_json(folder.probe_state) or {}
         self.config_hash = saved.get("config_hash") if config_hash is None else config_hash
         self.trials: list[Trial] = []
-        self.in_flight: int | None = None
-        self.crashes = 0  # how many runs died at the N in flight with no out-of-memory cause
-        self.interrupted = False  # the N in flight was stopped by a signal, not by a crash
+        self.flight = Flight()  # the N in flight, counted by the rule every in-flight mark follows
         if saved and saved["config_hash"] == self.config_hash:  # another configuration starts afresh
             self.trials = [Trial(**t) for t in saved["trials"]]
-            self.in_flight = saved["in_flight"]
-            self.crashes = saved.get("crashes", 0)
-            self.interrupted = saved.get("interrupted", False)
+            self.flight = Flight.read(saved)
+
+    @property
+    def in_flight(self) -> int | None:
+        return self.flight.item
+
+    @property
+    def interrupted(self) -> bool:
+        """The N in flight was stopped by a signal, not by a crash."""
+        return self.flight.interrupted
 
     def resume_in_flight(self, max_restarts: int) -> int | None:
         """The N in flight when the last run died, to be tried again: a kill, a preemption or an
@@ -35,13 +41,11 @@ class ProbeState:
         n = self.in_flight
         if n is None:
             return None
-        if not self.interrupted:
-            self.crashes += 1
-        self.interrupted = False
+        self.flight = self.flight.resume()
         self._save()
-        if self.crashes > max_restarts:
+        if self.flight.crashed_too_often(max_restarts):
             raise RepeatedCrash(
-                f"probe: N={n} crashed {self.crashes} time(s) with no out-of-memory cause "
+                f"probe: N={n} crashed {self.flight.crashes} time(s) with no out-of-memory cause "
                 f"(launch.max_restarts={max_restarts}); it is not a max-fit edge: see {self.folder.logs}, "
                 f"or cap the probe below it with probe.max_tokens"
             )
@@ -57,13 +61,12 @@ class ProbeState:
     def interrupt(self) -> int | None:
         """Mark the N in flight as interrupted (not counted as a crash); it is tried again."""
         if self.in_flight is not None:
-            self.interrupted = True
+            self.flight = self.flight.interrupt()
             self._save()
         return self.in_flight
 
     def start(self, n: int) -> None:
-        self.crashes = self.crashes if n == self.in_flight else 0
-        self.in_flight, self.interrupted = n, False
+        self.flight = self.flight.start(n, n == self.in_flight)
         self._save()
 
     def add_points(self, trials: list[Trial]) -> None:
@@ -74,18 +77,12 @@ class ProbeState:
 
     def finish(self, trial: Trial) -> None:
         self.trials.append(trial)
-        self.in_flight, self.crashes, self.interrupted = None, 0, False
+        self.flight = Flight()
         self._save()
 
     def _save(self) -> None:
         trials = [dataclasses.asdict(t) for t in self.trials]
-        payload = {
-            "config_hash": self.config_hash,
-            "trials": trials,
-            "in_flight": self.in_flight,
-            "crashes": self.crashes,
-            "interrupted": self.interrupted,
-        }
+        payload = {"config_hash": self.config_hash, "trials": trials, **self.flight.as_json()}
         self.folder.write_json(self.folder.probe_state, payload)
         columns = ["n", "fits", "status", "peak_gib", "predicted_gib", "seconds", "guided", "point"]
         frame = pd.DataFrame(trials, columns=columns).rename(

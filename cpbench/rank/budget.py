@@ -15,6 +15,8 @@ from cpbench.probe.predict import Prediction
 from cpbench.rank.points import Measurer
 from cpbench.rank.probe import probe_shape, search_for
 from cpbench.rank.session import RankSession
+from cpbench.record import run_record
+from cpbench.record.run_record import TimeBudget
 from cpbench.runtime.logs import LOG
 from cpbench.settings.schema import ProbeConfig
 
@@ -93,10 +95,11 @@ def _record_plan(session: RankSession, plan: Plan, step: Step, verdict: Verdict)
     if cuts:
         line += f"; trimmed to {verdict.summary(minutes, step).removeprefix('plan: ')}"
         LOG.info("trimmed %s", verdict.summary(minutes, step))
-    meta = session.folder.read_metadata()
-    meta["what_changed"] += [r.as_dict() for r in budget_rows(cuts)]
-    session.folder.write_metadata(
-        {**meta, "time_budget": {"line": line, "cuts": cuts, "refusal": verdict.refusal}}
+    record = run_record.read(session.folder)
+    run_record.update(
+        session.folder,
+        what_changed=record.what_changed + tuple(budget_rows(cuts)),
+        time_budget=TimeBudget(line, tuple(cuts), verdict.refusal),
     )
 
 
@@ -130,9 +133,11 @@ def fit_probe(measurer: Measurer, plan: Trimmed, prediction: Prediction | None) 
     if verdict.refusal:
         line += "; over it even so: the probe runs as trimmed"
         LOG.warning("budget: the probe's estimate is over the budget left; it runs as trimmed")
-    meta = s.folder.read_metadata()
-    record = meta["time_budget"]
-    record.update(probe_line=line, cuts=record["cuts"] + list(verdict.cuts))
-    meta["what_changed"] += [r.as_dict() for r in budget_rows(verdict.cuts)]
-    s.folder.write_metadata(meta)
+    record = run_record.read(s.folder)
+    planned = record.time_budget
+    run_record.update(
+        s.folder,
+        what_changed=record.what_changed + tuple(budget_rows(verdict.cuts)),
+        time_budget=replace(planned, probe_line=line, cuts=planned.cuts + tuple(verdict.cuts)),
+    )
     return probe

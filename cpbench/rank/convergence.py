@@ -3,6 +3,7 @@ comparison with the reference curve (published, given, or the cp=1 baseline's) a
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from cpbench.measure.budget import lift_budget
@@ -10,8 +11,9 @@ from cpbench.measure.convergence import ConvergenceSettings, compare, does_not_f
 from cpbench.measure.oom import describe, is_oom
 from cpbench.measure.point import PointSettings
 from cpbench.rank.points import Measurer
-from cpbench.record import metadata
+from cpbench.record import metadata, run_record
 from cpbench.record.mllog import TRAIN_LOSS
+from cpbench.record.run_record import ConvergenceSummary
 from cpbench.report import plots, reference
 from cpbench.results.folder import RunFolder
 from cpbench.runtime.logs import LOG
@@ -51,15 +53,14 @@ def converge(measurer: Measurer, settings: PointSettings, baseline: RunFolder | 
     lift_budget(s.ctx.device)  # the comparison and the plot are not measured steps
     if not s.lead:
         return
-    meta = s.folder.read_metadata()
     found = reference.lookup(s.settings, s.folder, baseline)
-    summary: dict[str, Any] = {"curve_key": key, "steps": len(curve)}
+    summary = ConvergenceSummary(curve_key=key, steps=len(curve))
     curves = {f"{s.ctx.topology.label} cp={s.ctx.topology.cp}": curve}
     if found is not None:
         path, ref = found
         c = s.settings.convergence
         comparison = compare(curve, ref, c.rtol, c.atol)
-        summary.update(reference=str(path), **comparison.as_dict())
+        summary = replace(summary, reference=str(path), **comparison.as_dict())
         curves[f"reference ({path.name})"] = ref
         say = LOG.info if comparison.match else LOG.warning
         say("convergence vs %s: %s", path, comparison.line())
@@ -68,4 +69,4 @@ def converge(measurer: Measurer, settings: PointSettings, baseline: RunFolder | 
     plots.convergence_png(curves, s.folder.convergence_plot)
     last = curve.iloc[-1]
     LOG.info("convergence: step %d loss %.9g grad norm %.9g", last.step, last.loss, last.grad_norm)
-    s.folder.write_metadata({**meta, "convergence": summary, "finished": metadata.now()})
+    run_record.update(s.folder, convergence=summary, finished=metadata.now())

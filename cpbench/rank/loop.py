@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from dataclasses import replace
 from datetime import timedelta
 
 import torch
@@ -21,7 +22,7 @@ from cpbench.rank.points import Measurer, measure_points
 from cpbench.rank.probe import run_probe_phase
 from cpbench.rank.session import RankSession, broadcast
 from cpbench.rank.spec import RunSpec, walltime_points
-from cpbench.record import metadata
+from cpbench.record import metadata, run_record
 from cpbench.record.mllog import constants
 from cpbench.report.single import write_report
 from cpbench.results.folder import RunFolder
@@ -96,8 +97,8 @@ def _run(session: RankSession, spec: RunSpec, baseline: RunFolder | None) -> Non
     lift_budget(session.ctx.device)  # the cap is for the measured steps: the report is not one of them
     if session.lead:
         # When it ended, so that a merge can tell runs that overlapped on one host.
-        meta = {**folder.read_metadata(), "finished": metadata.now()}
-        if meta.get("time_budget") and plan.clock is not None:  # the estimate's error, shown
-            meta["time_budget"]["took_s"] = time.perf_counter() - plan.clock.planned_at
-        folder.write_metadata(meta)
+        planned = run_record.read(folder).time_budget
+        if planned is not None and plan.clock is not None:  # the estimate's error, shown
+            planned = replace(planned, took_s=time.perf_counter() - plan.clock.planned_at)
+        run_record.update(folder, time_budget=planned, finished=metadata.now())
         LOG.info("report: %s", write_report(folder.root))

@@ -14,8 +14,8 @@ from cpbench.inputs import input_columns
 from cpbench.measure.memory import release
 from cpbench.measure.point import OutOfMemoryAlone, PointResult, PointSettings, measure_point
 from cpbench.measure.step import StepRunner
+from cpbench.probe.in_flight import WorkInFlight
 from cpbench.probe.predict import Prediction
-from cpbench.probe.state import ProbeState
 from cpbench.rank.session import RankSession
 from cpbench.record.mllog import POINT
 from cpbench.results.folder import RunFolder
@@ -67,8 +67,7 @@ class Measurer:
         except OutOfMemoryAlone as err:
             # Only this rank knows the job ends for out of memory (its peers wait in a collective, rank 0
             # among them, writing nothing): record the point or N in flight as not fitting first.
-            s.folder.in_flight.close("oom", f"rank {s.ctx.rank}: {err}")
-            ProbeState(s.folder).close_oom()
+            WorkInFlight(s.folder).close_oom(f"rank {s.ctx.rank}: {err}")
             raise OutOfMemoryAlone(f"N={shape.n_tokens} does not fit: {err}") from err
         if result.status == "oom":
             self._rebuild_runner()

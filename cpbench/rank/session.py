@@ -4,18 +4,19 @@ Built once per rank; the phases read it and never change the settings in it."""
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import Any
 
 import torch.distributed as dist
 
 from cpbench.core import RankContext
-from cpbench.measure.budget import apply_budget
+from cpbench.measure.budget import apply_budget, budget_gib
 from cpbench.measure.fault import Fault
 from cpbench.measure.point import Budget, PointSettings, comm_timing
-from cpbench.record import metadata
+from cpbench.record import metadata, run_record
 from cpbench.record.mllog import RunLog
+from cpbench.record.run_record import Change, MemoryCap
 from cpbench.results.folder import RunFolder
 from cpbench.runtime import logs
 from cpbench.runtime.logs import LOG
@@ -72,26 +73,27 @@ class RankSession:
     def broadcast(self, value: Any) -> Any:
         return broadcast(value, self.control)
 
-    def record_start(self, what_changed: list[dict[str, Any]], point_settings: PointSettings) -> None:
+    def record_start(self, what_changed: list[Change], point_settings: PointSettings) -> None:
         """run.json's metadata and mllog's submission (rank 0)."""
         if not self.lead:
             return
         settings, ctx, budget = self.settings, self.ctx, self.budget
-        meta = metadata.collect(
+        found = metadata.collect(
             ctx.device, pick_backend(settings.dist.backend), ctx.topology, ctx.world_size,
             int(os.environ.get("LOCAL_WORLD_SIZE", ctx.world_size)), self.config_hash,
         )  # fmt: skip
-        meta.update(seed=settings.seed, budget_gib=budget and budget.gib)
-        meta.update(baseline_gib=budget and budget.baseline_gib, what_changed=what_changed)
-        meta.update(comm_timing=comm_timing(ctx.device, point_settings))
-        self.folder.write_metadata(meta)
+        cap = MemoryCap(budget and budget.gib, budget and budget.baseline_gib)
+        meta = replace(
+            found, seed=settings.seed, memory=cap, comm_timing=comm_timing(ctx.device, point_settings)
+        )
+        run_record.start(self.folder, meta, tuple(what_changed))
         self.mllog.submission(
             meta, self.workload_name, settings.workflow.value, ctx.topology.cp, settings.seed
         )
-        if meta["ranks_per_device"] > 1:
+        if meta.ranks_per_device > 1:
             LOG.warning(
                 "oversubscribed: %s; walltimes and the comm share are not meaningful",
-                meta["oversubscribed"].removeprefix("yes (").removesuffix(")"),
+                meta.oversubscribed.removeprefix("yes (").removesuffix(")"),
             )
 
     def point_settings(self) -> PointSettings:
@@ -111,8 +113,6 @@ class RankSession:
 
 
 def memory_budget(settings: BenchConfig, ctx: RankContext) -> Budget | None:
-    """The per-rank cap, applied: memory.budget_gib, or on CPU memory.cpu_budget_gib when that is null."""
-    gib = settings.memory.budget_gib
-    if gib is None and ctx.device.type == "cpu":
-        gib = settings.memory.cpu_budget_gib
+    """The per-rank cap (`budget_gib`), applied."""
+    gib = budget_gib(settings.memory, ctx.device.type)
     return None if gib is None else Budget(gib, apply_budget(gib, ctx.device))

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 from cpbench.core import Shape, Topology
 from cpbench.inputs import input_point
 from cpbench.probe.predict import Prediction
+from cpbench.record.run_record import Change
 from cpbench.settings.schema import BenchConfig
 from cpbench.sweep import sweep_points
 
@@ -19,7 +19,7 @@ class RunSpec:
     settings: BenchConfig
     output_dir: str
     # The what-changed table (`cpbench.plan.changes`), made before launch; rank 0 records it in run.json.
-    what_changed: list[dict[str, Any]] = field(default_factory=list)
+    what_changed: list[Change] = field(default_factory=list)
     # The cp=1 run beside this one: mode=accuracy checks every point against it; a convergence curve
     # is compared with it when no published one is found.
     reference_dir: str | None = None

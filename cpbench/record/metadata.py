@@ -9,13 +9,13 @@ import re
 import socket
 import subprocess
 from pathlib import Path
-from typing import Any
 
 import torch
 
 import cpbench
 from cpbench.core import Topology
 from cpbench.record import nvml
+from cpbench.record.run_record import RunMetadata
 
 
 def project_commit() -> str:
@@ -86,14 +86,15 @@ def collect(
     world_size: int,
     local_world: int,
     config_digest: str,
-) -> dict[str, Any]:
+) -> RunMetadata:
+    """What the run ran on and with, at its start (the session adds the seed, the cap, comm timing)."""
     on_cuda = device.type == "cuda"
     devices = torch.cuda.device_count() if on_cuda else 1
     shared = local_world > devices
     # On CPU the ranks share the cores: more ranks than cores oversubscribes them.
     units, unit = (devices, "GPU") if on_cuda else (os.cpu_count() or 1, "CPU core")
     gpu = nvml.gpu_state(str(torch.cuda.get_device_properties(device).uuid)) if on_cuda else {}
-    return {
+    found = {
         "date": now(),
         "host": socket.gethostname(),
         "device": _device_model(device),
@@ -115,3 +116,4 @@ def collect(
         "config_hash": config_digest,
         "commit": project_commit(),
     }
+    return RunMetadata(**found)

@@ -14,6 +14,8 @@ from typing import Any
 import torch
 from mlperf_logging.mllog import constants, mllog
 
+from cpbench.record.run_record import RunMetadata
+
 # cpbench's own keys, beside MLPerf's constants.
 POINT = "cpbench_point"  # one results.csv row
 MAX_FIT = "cpbench_max_fit"  # the probe's answer
@@ -67,13 +69,13 @@ class RunLog:
         if self.logger is not None:
             self.logger.end(key, metadata=metadata)
 
-    def submission(self, meta: dict[str, Any], workload: str, workflow: str, cp: int, seed: int) -> None:
+    def submission(self, meta: RunMetadata, workload: str, workflow: str, cp: int, seed: int) -> None:
         """Who and what: the platform (device model and count), the framework, the CP size."""
         self.event(constants.SUBMISSION_BENCHMARK, f"cpbench/{workload}/{workflow}")
         self.event(constants.SUBMISSION_DIVISION, constants.OPEN)
         self.event(constants.SUBMISSION_STATUS, constants.RESEARCH)
         self.event(constants.SUBMISSION_ORG, "cpbench")
-        self.event(constants.SUBMISSION_PLATFORM, f"{meta['device_count']}x{meta['device']} ({meta['host']})")
-        self.event(FRAMEWORK, f"torch {torch.__version__} ({meta['backend']})")
+        self.event(constants.SUBMISSION_PLATFORM, f"{meta.device_count}x{meta.device} ({meta.host})")
+        self.event(FRAMEWORK, f"torch {torch.__version__} ({meta.backend})")
         self.event(constants.CONTEXT_PARALLELISM, cp)
         self.event(constants.SEED, seed)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from cpbench.report.markdown import _cell, _table
+from cpbench.report.cells import cell, table
 from cpbench.results.folder import RunFolder
 
 COLUMNS = [
@@ -79,7 +79,7 @@ def render(frame: pd.DataFrame, title: str, intro: Sequence[str], plot: str | No
         ]  # fmt: skip
         for _, r in frame.iterrows()
     ]
-    lines = [f"# {title}", "", *intro, "", *_table(header, [[_cell(c) for c in row] for row in rows])]
+    lines = [f"# {title}", "", *intro, "", *table(header, [[cell(c) for c in row] for row in rows])]
     noted = frame[frame["note"].fillna("") != ""]
     notes = [f"- {r['id']}: {r['note']}" for _, r in noted.iterrows()]
     if notes:

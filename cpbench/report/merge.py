@@ -14,8 +14,11 @@ import pandas as pd
 from omegaconf import OmegaConf
 
 import cpbench
+from cpbench.record import run_record
+from cpbench.record.run_record import RunRecord
 from cpbench.report.markdown import render_sweep
 from cpbench.report.plots import convergence_png, write_plots
+from cpbench.report.sections.runs import RunOutcome
 from cpbench.results.folder import RunFolder
 from cpbench.results.row import BASELINE, COLUMNS
 
@@ -33,7 +36,7 @@ class Run:
     name: str
     path: Path
     frame: pd.DataFrame
-    meta: dict[str, Any]
+    record: RunRecord
     failure: dict[str, Any] | None
     in_flight: dict[str, Any] | None
     submitted: dict[str, Any] | None
@@ -44,14 +47,15 @@ class Run:
     def cp(self) -> int | None:
         """From run.json, which every run writes first, else from failure.json (a job that failed
         before it started its ranks)."""
-        cp = self.meta.get("cp", (self.failure or {}).get("cp"))
+        cp = self.record.metadata.cp
+        cp = (self.failure or {}).get("cp") if cp is None else cp
         return None if cp is None else int(cp)
 
     @property
     def topology(self) -> str:
         if not self.frame.empty:
             return str(self.frame["topology"].iloc[0])
-        return str(self.meta.get("topology", ""))
+        return self.record.metadata.topology or ""
 
     @property
     def error(self) -> str:
@@ -71,18 +75,18 @@ class Run:
             return "no results: the job ended before measuring anything"
         return ""
 
-    def summary(self) -> dict[str, Any]:
+    def outcome(self) -> RunOutcome:
         ok = int((self.frame["status"] == "ok").sum()) if not self.frame.empty else 0
-        return {
-            "name": self.name,
-            "topology": self.topology,
-            "cp": self.cp,
-            "rows": len(self.frame),
-            "ok_rows": ok,
-            "error": self.error,
-            "stale": self.stale,
-            "meta": self.meta,
-        }
+        return RunOutcome(
+            self.name,
+            self.topology,
+            self.cp,
+            len(self.frame),
+            ok,
+            self.error,
+            self.stale,
+            self.record.metadata,
+        )
 
 
 def _job_order(path: Path) -> tuple[int, str]:
@@ -124,17 +128,17 @@ def load(name: str, path: Path) -> Run:
     """A run folder's rows of its current configuration (run.json's config hash): rows an earlier run
     in the same folder measured under other settings are not like-for-like, and are left out."""
     folder = RunFolder(path)
-    meta = folder.read_metadata()
-    frame = folder.read_results()
+    record = run_record.read(folder)
+    frame, config = folder.read_results(), record.metadata.config_hash
     stale = 0
-    if meta.get("config_hash") and "config_hash" in frame.columns:
-        current = frame["config_hash"] == meta["config_hash"]
+    if config and "config_hash" in frame.columns:
+        current = frame["config_hash"] == config
         frame, stale = frame[current].reset_index(drop=True), int((~current).sum())
     return Run(
         name=name,
         path=path,
         frame=frame,
-        meta=meta,
+        record=record,
         failure=folder.read_failure(),
         in_flight=folder.in_flight.row(),
         submitted=folder.read_json(folder.submitted),
@@ -189,9 +193,9 @@ def overlapping(runs: Sequence[Run]) -> list[tuple[str, str, str]]:
     """Pairs of runs (and their host) whose start (`date`) to end (`finished`) spans overlap on one host:
     they shared its devices or cores, so their walltimes do not compare."""
     spans = [
-        (run.name, run.meta["host"], run.meta["date"], run.meta["finished"])
+        (run.name, meta.host, meta.date, run.record.finished)
         for run in runs
-        if {"host", "date", "finished"} <= run.meta.keys()
+        if None not in ((meta := run.record.metadata).host, meta.date, run.record.finished)
     ]  # the timestamps are UTC "%Y-%m-%d %H:%M:%S": they order as text
     return [
         (a[0], b[0], a[1])
@@ -223,7 +227,7 @@ def write(
         note = f"{note}\n\n{clash}" if note else clash
     if curves := _write_curves(merged.runs, out):
         note = f"{note}\n\n{curves}" if note else curves
-    text = render_sweep(merged.frame, [run.summary() for run in merged.runs], plots, csv_name, title, note)
+    text = render_sweep(merged.frame, [run.outcome() for run in merged.runs], plots, csv_name, title, note)
     merged.report = out.report
     out.write_text(merged.report, text)
     return merged.report
@@ -239,14 +243,18 @@ def _write_curves(runs: Sequence[Run], out: RunFolder) -> str:
     convergence_png(
         {f"{run.name} ({run.topology} cp={run.cp})": run.curve for run in with_curves}, out.convergence_plot
     )
-    said = [f"{run.name}: {run.meta.get('convergence', {}).get('summary', 'no reference curve')}"
-            for run in with_curves]  # fmt: skip
+    said = [f"{run.name}: {_compared(run.record)}" for run in with_curves]
     return (
         f"Convergence curves of {len(with_curves)} run(s) in [{out.CONVERGENCE}]({out.CONVERGENCE}), "
         f"plotted in [{out.CONVERGENCE_PLOT}]({out.CONVERGENCE_PLOT}); against the reference: "
         + "; ".join(said)
         + "."
     )
+
+
+def _compared(record: RunRecord) -> str:
+    convergence = record.convergence
+    return convergence.summary if convergence and convergence.summary is not None else "no reference curve"
 
 
 def default_out(dirs: Sequence[Path]) -> Path | None:
@@ -270,8 +278,8 @@ def publish(dirs: Sequence[Path], docs_dir: Path = DOCS_DIR) -> Merged:
     """docs/cp_benchmark.md with cp_benchmark.csv and the plots beside it, labelled with the hardware
     (results on CPU say they stand in until GPU results replace them)."""
     merged = collect(dirs)
-    metas = [run.meta for run in merged.runs if run.meta]
-    on_cpu = bool(metas) and all(m.get("backend") == "gloo" and m.get("cuda") == "none" for m in metas)
+    metas = [run.record.metadata for run in merged.runs if run.record.metadata.recorded()]
+    on_cpu = bool(metas) and all(m.on_cpu for m in metas)
     sources = ", ".join(f"`{Path(d).name}`" for d in dirs)
     note = (
         f"Published with `python -m cpbench.report <dirs> --publish` from {sources}; "

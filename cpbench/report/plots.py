@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import pandas as pd
 
-from cpbench.report.markdown import group_label, like_for_like, max_fit, ok_points
+from cpbench.report.analysis import group_label, like_for_like, max_fit, ok_points
 from cpbench.results.folder import RunFolder
 
 if TYPE_CHECKING:

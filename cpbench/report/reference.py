@@ -19,6 +19,7 @@ from pathlib import Path
 import pandas as pd
 
 import cpbench
+from cpbench.record import run_record
 from cpbench.results.folder import RunFolder
 from cpbench.settings.identity import curve_key
 from cpbench.settings.schema import BenchConfig
@@ -62,7 +63,7 @@ def _write(name: str, overrides: list[str], steps: int, out: Path) -> Path:
                f"convergence.steps={steps}", "log.progress=false",
                f"output_dir={run}"]  # fmt: skip
         subprocess.run(cmd, check=True)
-        key = RunFolder(run).read_metadata()["convergence"]["curve_key"]
+        key = run_record.read(RunFolder(run)).convergence.curve_key
         out.mkdir(parents=True, exist_ok=True)
         for old in out.glob(f"{name}_*.csv"):
             old.unlink()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from cpbench.record import run_record
 from cpbench.report.markdown import render
 from cpbench.report.plots import drawn_plots, write_plots
 from cpbench.results.folder import RunFolder
@@ -17,12 +18,12 @@ def write_report(output_dir: Path, plots: bool = True, redraw: bool = True) -> P
     Without `redraw`, the plots already beside the report are linked as they are: for a caller that
     changed run.json but no row since the run drew them (drawing costs a second of CPU)."""
     folder = RunFolder(output_dir)
-    frame, meta = folder.read_results(), folder.read_metadata()
-    current = frame
-    if meta.get("config_hash") and "config_hash" in frame.columns:
-        current = frame[frame["config_hash"] == meta["config_hash"]]
+    frame, record = folder.read_results(), run_record.read(folder)
+    current, config = frame, record.metadata.config_hash
+    if config and "config_hash" in frame.columns:
+        current = frame[frame["config_hash"] == config]
     drawn = {}
     if plots:
         drawn = write_plots(current, folder.root) if redraw else drawn_plots(folder.root)
-    folder.write_text(folder.report, render(frame, meta, plots=drawn))
+    folder.write_text(folder.report, render(frame, record, plots=drawn))
     return folder.report

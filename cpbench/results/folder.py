@@ -19,6 +19,7 @@ from typing import Any
 import pandas as pd
 
 from cpbench.core import ConfigError
+from cpbench.results.flight import Flight
 from cpbench.results.row import BASELINE, COLUMNS, point_key
 from cpbench.results.store import append_rows, read_results, write_atomically
 
@@ -177,10 +178,6 @@ class RunFolder:
     def experiments_png(self) -> Path:
         return self.root / self.EXPERIMENTS_PNG
 
-    def is_finished(self) -> bool:
-        """The run ended whole (its report written, no failure recorded): a plan does not run it again."""
-        return bool(self.read_metadata().get("finished")) and not self.failure.exists()
-
     def check_writable(self) -> None:
         """Fail before anything starts when the folder cannot hold a run (a file, no permission)."""
         if self.root.exists() and not self.root.is_dir():
@@ -289,12 +286,6 @@ class RunFolder:
     def write_convergence(self, frame: pd.DataFrame) -> None:
         write_atomically(self.convergence, frame.to_csv(index=False))
 
-    def read_metadata(self) -> dict[str, Any]:
-        return self.read_json(self.run_json) or {}
-
-    def write_metadata(self, metadata: Mapping[str, Any]) -> None:
-        self.write_json(self.run_json, dict(metadata))
-
     # How a run ended.
     def record_failure(
         self, code: int, error: str, detail: str = "", first: bool = False, cp: int | None = None
@@ -331,20 +322,19 @@ class InFlight:
     def __init__(self, folder: RunFolder):
         self.folder = folder
 
-    def _state(self) -> dict[str, Any]:
-        return self.folder.read_json(self.folder.state) or {}
+    def _flight(self) -> Flight:
+        return Flight.read(self.folder.read_json(self.folder.state) or {})
 
     def row(self) -> dict[str, Any] | None:
         """The point in flight, unless its row was written (a run can die between the two writes)."""
-        row = self._state().get("in_flight")
+        row = self._flight().item
         if row is None or _key(row) in self.folder.done_keys(row["config_hash"]):
             return None
         return row
 
     def start(self, row: Mapping[str, Any]) -> None:
-        state = self._state()
-        same = state.get("in_flight") is not None and _key(state["in_flight"]) == _key(row)
-        self._save(dict(row), state.get("crashes", 0) if same else 0, False)
+        flight = self._flight()
+        self._save(flight.start(dict(row), flight.item is not None and _key(flight.item) == _key(row)))
 
     def finish(self, row: Mapping[str, Any]) -> None:
         """Append the point's row, then clear the in-flight mark."""
@@ -363,21 +353,21 @@ class InFlight:
 
     def interrupt(self) -> dict | None:
         """Mark the point in flight as stopped by a signal: measured again, not counted as a crash."""
-        state, row = self._state(), self.row()
+        row = self.row()
         if row is not None:
-            self._save(row, state.get("crashes", 0), True)
+            self._save(self._flight().interrupt())
         return row
 
     def resume(self, max_restarts: int) -> dict | None:
         """The point in flight when the last run died, which this run measures again. One that has
         crashed more than `max_restarts` times is recorded as crashed and raises RepeatedCrash."""
-        state, row = self._state(), self.row()
+        row = self.row()
         if row is None:
             return None
-        crashes = state.get("crashes", 0) + (0 if state.get("interrupted") else 1)
-        self._save(row, crashes, False)
-        if crashes > max_restarts:
-            error = f"crashed {crashes} time(s) with no out-of-memory cause"
+        flight = self._flight().resume()
+        self._save(flight)
+        if flight.crashed_too_often(max_restarts):
+            error = f"crashed {flight.crashes} time(s) with no out-of-memory cause"
             self.close("crashed", error)
             raise RepeatedCrash(
                 f"N={row['N_tokens']} {error} (launch.max_restarts={max_restarts}); "
@@ -387,11 +377,10 @@ class InFlight:
 
     def abandon(self) -> None:
         """Forget the point in flight."""
-        self._save(None, 0, False)
+        self._save(Flight())
 
-    def _save(self, row: dict | None, crashes: int, interrupted: bool) -> None:
-        state = {"in_flight": row, "crashes": crashes, "interrupted": interrupted}
-        self.folder.write_json(self.folder.state, state)
+    def _save(self, flight: Flight) -> None:
+        self.folder.write_json(self.folder.state, flight.as_json())
 
 
 def _key(row: Mapping[str, Any]) -> str:

@@ -18,6 +18,11 @@ def pick_backend(requested: str | None) -> str:
     return requested or ("nccl" if torch.cuda.is_available() else "gloo")
 
 
+def device_type(backend: str) -> str:
+    """Where a rank of this backend runs: NCCL ranks on their GPU, every other backend on CPU."""
+    return "cuda" if backend == "nccl" else "cpu"
+
+
 @contextmanager
 def rank_runtime(
     topology: Topology, backend: str | None, timeout_s: float, dtype: torch.dtype, seed: int
@@ -29,7 +34,7 @@ def rank_runtime(
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
     backend = pick_backend(backend)
-    if backend == "nccl":
+    if device_type(backend) == "cuda":
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
     else:

@@ -1,0 +1,196 @@
+"""The readout: one paragraph per like-for-like group, sentence by sentence (the baseline, max N at
+each CP size against cp=1, the dominant cost, the walltime gained, noise, failures, the estimate)."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from cpbench.record.run_record import RunMetadata
+from cpbench.report.analysis import (
+    BOUND_SHARE,
+    NOISY_IQR,
+    comm_share,
+    group_label,
+    like_for_like,
+    max_fit,
+    noisy,
+    ok_points,
+    prediction_errors,
+)
+from cpbench.results.row import BASELINE
+
+
+def _max_n_sentences(frame: pd.DataFrame) -> list[str]:
+    fits = max_fit(frame)
+    if fits.empty:
+        return ["Max N_tokens was not probed here (no max-fit rows; probe.enabled=true measures it)."]
+    several = fits["topology"].nunique() > 1
+    parts = []
+    for r in fits.itertuples():
+        where = f"cp={r.cp}" + (f" {r.topology}" if several and r.cp > 1 else "")
+        if r.cp == 1 or pd.isna(r.vs_cp1):
+            parts.append(f"{r.max_n} at {where}")
+        else:
+            parts.append(f"{r.max_n} at {where} ({r.vs_cp1:.2f}x cp=1; ideal sqrt(cp) = {r.ideal:.2f}x)")
+    sentences = ["Largest N_tokens that fits: " + "; ".join(parts) + "."]
+    if fits["vs_cp1"].isna().all():
+        sentences.append(
+            "No cp=1 baseline was run, so the gain from CP is not known (baseline=true measures one)."
+        )
+    else:
+        top = fits[fits["cp"] == fits["cp"].max()].sort_values("vs_cp1").iloc[-1]
+        if top.cp > 1:
+            sentences.append(
+                f"At cp={top.cp} that is {top.vs_cp1 / top.ideal:.0%} of the ideal growth for memory "
+                "growing as N^2."
+            )
+    return sentences
+
+
+def _comm_sentences(frame: pd.DataFrame) -> list[str]:
+    ok = ok_points(frame)
+    unseen = sorted(ok.loc[(ok["cp"] > 1) & ok["comm_ms"].isna(), "cp"].unique())
+    note = (
+        [
+            "Time in collectives is not known at "
+            + ", ".join(f"cp={cp}" for cp in unseen)
+            + ": the model's collectives bypass cpbench's ledger (`measure.profile_comm=true` measures "
+            "them with the torch profiler)."
+        ]
+        if unseen
+        else []
+    )
+    shares = comm_share(frame)
+    if shares.empty:
+        return note
+    largest = ok["cp"].max()
+    at_largest = shares[shares["cp"] == largest]["share"]
+    bound = None
+    if not at_largest.empty:
+        bound = "communication" if at_largest.max() > BOUND_SHARE else "compute"
+    if len(shares) == 1:
+        r = shares.iloc[0]
+        verdict = f": the run is {bound}-bound." if bound else "."
+        line = f"Time in collectives is {r.share:.0%} of walltime (median over {r.points} point(s))"
+        return [line + verdict, *note]
+    several = shares["topology"].nunique() > 1
+    parts = [
+        f"{r.share:.0%} at cp={r.cp}" + (f" {r.topology}" if several else "") for r in shares.itertuples()
+    ]
+    verdict = f"; at cp={largest} the run is {bound}-bound." if bound else "."
+    line = "Time in collectives as a share of walltime (median over points): " + ", ".join(parts)
+    return [line + verdict, *note]
+
+
+def _speed_sentences(frame: pd.DataFrame) -> list[str]:
+    """Walltime at the largest input measured at both the smallest and the largest CP size, then at
+    every size they share."""
+    ok = ok_points(frame)
+    if ok["cp"].nunique() < 2:
+        return []
+    lo, hi = ok["cp"].min(), ok["cp"].max()
+    size = ["N_tokens", "N_atoms", "MSA_depth"]
+    common = ok[ok["cp"] == lo][size].merge(ok[ok["cp"] == hi][size]).drop_duplicates().sort_values(size)
+    if common.empty:
+        return []
+
+    def times(n: int, atoms: int, msa: int) -> tuple[float, float, str]:
+        at = ok[(ok["N_tokens"] == n) & (ok["N_atoms"] == atoms) & (ok["MSA_depth"] == msa)]
+        t_lo, t_hi = at[at["cp"] == lo]["walltime_ms"].median(), at[at["cp"] == hi]["walltime_ms"].median()
+        ratio = t_lo / t_hi
+        return t_lo, t_hi, f"{ratio:.2f}x faster" if ratio >= 1 else f"{1 / ratio:.2f}x slower"
+
+    n, atoms, msa = common.iloc[-1]
+    t_lo, t_hi, how = times(n, atoms, msa)
+    sentences = [
+        f"At N_tokens={n}, walltime is {t_lo:.3g} ms at cp={lo} and {t_hi:.3g} ms at cp={hi} ({how})."
+    ]
+    if len(common) > 1:
+        parts = [f"N={r[0]} {times(*r)[2]}" for r in common.itertuples(index=False)]
+        sentences.append(
+            f"At every N_tokens measured at both, cp={hi} against cp={lo}: " + ", ".join(parts) + "."
+        )
+    return sentences
+
+
+def _baseline_sentences(frame: pd.DataFrame) -> list[str]:
+    if "source" not in frame.columns or not (frame["source"] == BASELINE).any():
+        return []
+    return [
+        "The cp=1 rows are this run's baseline (source=baseline): the same workload on one rank under "
+        "the same per-rank memory budget."
+    ]
+
+
+def _noise_sentences(frame: pd.DataFrame) -> list[str]:
+    count = int(noisy(frame).sum())
+    if not count:
+        return []
+    return [
+        f"{count} point(s) are noisy (IQR over {NOISY_IQR:.0%} of the median walltime): more repeats "
+        "(timing.repeats) or a quieter machine would tighten them."
+    ]
+
+
+def _failure_sentences(frame: pd.DataFrame) -> list[str]:
+    several = frame["cp"].nunique() > 1
+
+    def points(rows: pd.DataFrame) -> str:
+        return "; ".join(
+            f"N={r.N_tokens}" + (f" cp={r.cp}" if several else "") + f" {r.status}" for r in rows.itertuples()
+        )
+
+    wrong = frame[frame["status"] == "mismatch"]
+    failed = frame[~frame["status"].isin(["ok", "mismatch"])]
+    sentences = [f"{len(failed)} point(s) did not finish: {points(failed)}."] if not failed.empty else []
+    if not wrong.empty:
+        sentences.append(
+            f"{len(wrong)} point(s) disagree with the cp=1 run (mode=accuracy): {points(wrong)}."
+        )
+    return sentences
+
+
+def _prediction_sentences(frame: pd.DataFrame) -> list[str]:
+    rows = prediction_errors(frame)
+    if rows.empty:
+        return []
+    parts = "; ".join(f"N={r.N_tokens} {r.prediction_error:+.1%}" for r in rows.itertuples())
+    worst = rows["prediction_error"].abs().max()
+    return [
+        f"The fake-tensor estimate (probe.predict) was within {worst:.1%} of the measured peak over the "
+        f"baseline ({parts})."
+    ]
+
+
+SENTENCES = (
+    _baseline_sentences,
+    _max_n_sentences,
+    _comm_sentences,
+    _speed_sentences,
+    _noise_sentences,
+    _failure_sentences,
+    _prediction_sentences,
+)
+
+
+def readout(frame: pd.DataFrame) -> str:
+    """Max N at each CP size against cp=1, the walltime gained, and whether compute or communication
+    dominates; one paragraph per like-for-like group."""
+    if frame.empty:
+        return "No point was measured."
+    groups = like_for_like(frame)
+    paragraphs = []
+    for key, group in groups:
+        text = " ".join(sentence for say in SENTENCES for sentence in say(group))
+        paragraphs.append(f"**{group_label(key)}**: {text}" if len(groups) > 1 else text)
+    return "\n\n".join(paragraphs)
+
+
+def oversubscribed(meta: RunMetadata) -> str:
+    """The sentence after the readout of a run whose ranks outnumbered its devices or cores."""
+    if meta.is_oversubscribed:
+        return (
+            f" Oversubscribed {meta.oversubscribed.removeprefix('yes ')}: walltimes and the share of "
+            "time in collectives are not meaningful."
+        )
+    return ""

@@ -1,0 +1,54 @@
+"""The results rows as a table (a max-fit row names the first N that did not fit; noisy points are
+marked), and the errors the rows carry, listed after it."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pandas as pd
+
+from cpbench.report.analysis import noisy
+from cpbench.report.cells import fmt
+
+# Column -> header, in the table's order.
+HEADERS = {
+    "kind": "kind", "workload": "workload", "workflow": "workflow", "topology": "topology", "cp": "cp",
+    "input": "input", "chains": "chains", "N_tokens": "N_tokens", "N_atoms": "N_atoms", "MSA_depth": "MSA",
+    "dtype": "dtype", "status": "status",
+    "walltime_ms": "walltime ms (median)", "walltime_iqr_ms": "IQR ms", "tokens_per_s": "tokens/s",
+    "comm_ms": "comm ms", "peak_mem_gib": "peak GiB (max rank)", "predicted_peak_gib": "predicted peak GiB",
+    "checksum": "checksum", "seed": "seed",
+    "config_hash": "config",
+}  # fmt: skip
+
+
+def table_lines(frame: pd.DataFrame, extra: Sequence[str] = ()) -> list[str]:
+    cols = [c for c in extra if c in frame.columns] + [c for c in HEADERS if c in frame.columns]
+    for optional in ("predicted_peak_gib", "input", "chains"):  # a run without probe.predict, data.path
+        if optional in cols and frame[optional].replace("", None).isna().all():
+            cols.remove(optional)
+    lines = ["| " + " | ".join(HEADERS.get(c, c) for c in cols) + " |", "|" + "---|" * len(cols)]
+    shown = frame.copy()
+    if "oom_at" in shown.columns:  # a max-fit row names the first N that did not fit
+        at = (shown["kind"] == "max-fit") & shown["oom_at"].notna()
+        shown.loc[at, "status"] = (
+            shown.loc[at, "status"].astype(str) + ", OOM@" + shown.loc[at, "oom_at"].astype(int).astype(str)
+        )
+    shown.loc[noisy(shown), "status"] = "ok, noisy"
+    for row in shown[cols].itertuples(index=False):
+        # Checksums keep enough digits to tell two runs apart.
+        cells = (fmt(v, 12 if c == "checksum" else 6) for c, v in zip(cols, row, strict=True))
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def error_lines(frame: pd.DataFrame, with_run: bool = False) -> list[str]:
+    if "error" not in frame.columns:
+        return []
+    errors = frame[frame["error"].notna() & (frame["error"].astype(str) != "")]
+    if errors.empty:
+        return []
+    where = (lambda r: f"{r.run} cp={r.cp} ") if with_run and "run" in frame.columns else (lambda r: "")
+    return ["", "Errors:", ""] + [
+        f"- {where(r)}N={r.N_tokens} ({r.status}): {r.error}" for r in errors.itertuples()
+    ]

@@ -1,0 +1,19 @@
+"""The time budget's plan, what it took, and what it cut or refused (docs/budget.md)."""
+
+from __future__ import annotations
+
+from cpbench.record.run_record import TimeBudget
+
+
+def lines(budget: TimeBudget | None) -> list[str]:
+    if budget is None:
+        return []
+    took = (
+        f"; it took {budget.took_s / 60:.2g} min (its timed step included)"
+        if budget.took_s is not None
+        else ""
+    )
+    out = ["", "## Time budget", "", budget.line + took + "."]
+    out += [f"- {budget.probe_line}"] if budget.probe_line else []
+    out += [f"- cut: {cut}" for cut in budget.cuts]
+    return out + ([f"- refused: {budget.refusal}"] if budget.refusal else [])
