@@ -15,6 +15,7 @@ from cpbench.measure.fault import Fault
 from cpbench.measure.point import Budget, PointSettings, comm_timing
 from cpbench.record import metadata
 from cpbench.record.mllog import RunLog
+from cpbench.record.peaks import Peak, run_peak
 from cpbench.results.folder import RunFolder
 from cpbench.runtime import logs
 from cpbench.runtime.logs import LOG
@@ -41,6 +42,7 @@ class RankSession:
     budget: Budget | None  # the per-rank memory cap, applied
     heartbeat: logs.Heartbeat
     mllog: RunLog
+    peak: Peak  # what MFU divides by: every rank has rank 0's
 
     @classmethod
     def open(
@@ -50,7 +52,9 @@ class RankSession:
         lead = ctx.rank == 0
         heartbeat = logs.Heartbeat(settings.log.heartbeat_s if lead else None)
         mllog = RunLog(folder.mllog if lead else None)
-        return cls(settings, ctx, control, folder, workload, memory_budget(settings, ctx), heartbeat, mllog)
+        budget = memory_budget(settings, ctx)
+        peak = broadcast(run_peak(settings, ctx.device), control)  # on CPU every rank's GEMM runs at once
+        return cls(settings, ctx, control, folder, workload, budget, heartbeat, mllog, peak)
 
     @property
     def lead(self) -> bool:
@@ -82,7 +86,7 @@ class RankSession:
         )  # fmt: skip
         meta.update(seed=settings.seed, budget_gib=budget and budget.gib)
         meta.update(baseline_gib=budget and budget.baseline_gib, what_changed=what_changed)
-        meta.update(comm_timing=comm_timing(ctx.device, point_settings))
+        meta.update(comm_timing=comm_timing(ctx.device, point_settings), peak=self.peak.as_json())
         self.folder.write_metadata(meta)
         self.mllog.submission(
             meta, self.workload_name, settings.workflow.value, ctx.topology.cp, settings.seed
