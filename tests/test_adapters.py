@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from conftest import TIMING, cpbench, ok, results
+from flops_expected import counted, dtensor_pair_flops
 
 from cpbench.results.row import BASELINE
 
@@ -56,6 +57,15 @@ def test_dtensor_checksum_counts_each_value_once(inference):
     cp4, one = runs["first"]["checksum"], runs["one"]["checksum"]
     assert cp4.notna().all() and list(runs["one"]["cp"]) == [1, 1]
     assert list(cp4) == pytest.approx(list(one), rel=1e-6)
+
+
+def test_the_dtensor_modules_flops_are_counted_once_per_rank_share(inference):
+    """DTensor ops counted at their local shapes and summed over the ranks: the 2x2 grid's count is
+    the one-rank count, the module's two linears on every pair (at the global shape, 4x it)."""
+    runs, report = inference
+    for frame in (runs["first"], runs["one"]):
+        assert counted(frame) == [dtensor_pair_flops(n) for n in frame["N_tokens"]]
+    assert "### Hardware efficiency" in report and "not a datasheet" in report
 
 
 def test_training_the_module_steps_itself(tmp_path):

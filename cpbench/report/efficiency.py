@@ -5,7 +5,7 @@ the comm share beside them (docs/measurement.md)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pandas as pd
@@ -56,11 +56,14 @@ def _fmt(value: Any, spec: str) -> str:
     return "" if value is None or pd.isna(value) else format(value, spec)
 
 
-def efficiency_lines(frame: pd.DataFrame, metas: Sequence[dict[str, Any]]) -> list[str]:
-    """The section's markdown lines for one like-for-like group of rows; none without ok points."""
+def efficiency_lines(frame: pd.DataFrame, metas: Mapping[str, dict[str, Any]]) -> list[str]:
+    """The section's markdown lines for one like-for-like group of rows, with the run.json of each run
+    by name (a merge's rows name their run); none without ok points."""
     ok = ok_points(frame)
     if ok.empty or "model_tflop" not in ok.columns:
         return []
+    runs = set(frame["run"]) if "run" in frame.columns else set()
+    metas = [meta for name, meta in metas.items() if name in runs] or list(metas.values())
     shared = shares_machine(metas)
     named = "speed-up vs cp=1 (shared cores)" if shared else "strong-scaling efficiency"
     lines = ["", "### Hardware efficiency", "", peak_sentence(metas)]

@@ -494,7 +494,7 @@ def render(
     if len(configs) <= 1:
         lines += _rows_table(frame) + _errors(frame)
         lines += ["", "## Readout", "", readout(frame) + _oversubscribed(meta)]
-        lines += _efficiency(frame, [meta])
+        lines += _efficiency(frame, {"": meta})
         return "\n".join([*lines, *_repeat_check_lines(meta), *_plot_lines(plots), ""])
     for config, rows in configs:
         seeds = ", ".join(str(s) for s in rows["seed"].unique()) if "seed" in rows else "?"
@@ -505,7 +505,7 @@ def render(
     return "\n".join([*lines, *_repeat_check_lines(meta), *_plot_lines(plots)[1:], ""])
 
 
-def _efficiency(frame: pd.DataFrame, metas: Sequence[dict[str, Any]]) -> list[str]:
+def _efficiency(frame: pd.DataFrame, metas: dict[str, dict[str, Any]]) -> list[str]:
     from cpbench.report.efficiency import efficiency_lines  # it reads this module's analysis
 
     return efficiency_lines(frame, metas)
@@ -569,7 +569,7 @@ def render_sweep(
     lines += _plot_lines(plots)
     for key, group in like_for_like(frame):
         lines += ["", f"## {group_label(key)}", "", "### Readout", "", readout(group)]
-        lines += _efficiency(group, metas)
+        lines += _efficiency(group, {j["name"]: j["meta"] for j in jobs})
         fits = max_fit(group)
         lines += ["", "### Max N_tokens that fits vs cp", ""]
         if fits.empty:
