@@ -31,14 +31,15 @@ def sweep(tmp_path_factory):
 @pytest.mark.parametrize("name", WORKLOADS)
 def test_the_run_counts_the_sum_of_its_ranks_shares(sweep, name):
     """The run's model_tflop is its two ranks' fake-tensor counts added, traced here one by one; the
-    cp=2 total exceeds the one-rank count only by the work each rank repeats (the single track, the
-    atoms' token-level work: a few %), never by a second copy of the model."""
+    cp=2 total exceeds the one-rank count only by the work each rank repeats (the token-level tracks:
+    at N=16, 0.7% in the Pairformer, 12.6% in fold, whose diffusion transformer runs on tokens), far
+    below the 2x of a second copy of the model."""
     frame, _, _ = sweep
     workload, shape_cfg = builtin(WORKLOADS[name])
     shape = resolve_shape(shape_cfg, n_tokens=N)
     [flops] = counted(frame[frame["workload"] == name])
     assert flops == count_in_process(workload, shape, cp=2)
-    assert 1.0 <= flops / count_in_process(workload, shape, cp=1) < 1.1
+    assert 1.0 <= flops / count_in_process(workload, shape, cp=1) < 1.5
 
 
 def test_the_merged_report_has_the_efficiency_section_and_mfu_plot(sweep):
