@@ -32,7 +32,7 @@ def sweep(tmp_path_factory):
 def test_the_run_counts_the_sum_of_its_ranks_shares(sweep, name):
     """The run's model_tflop is its two ranks' fake-tensor counts added, traced here one by one; the
     cp=2 total exceeds the one-rank count only by the work each rank repeats (the token-level tracks:
-    at N=16, 0.7% in the Pairformer, 12.6% in fold, whose diffusion transformer runs on tokens), far
+    at N=16, 1.3% in the Pairformer, 12.6% in fold, whose diffusion transformer runs on tokens), far
     below the 2x of a second copy of the model."""
     frame, _, _ = sweep
     workload, shape_cfg = builtin(WORKLOADS[name])
