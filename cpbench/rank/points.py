@@ -4,6 +4,7 @@ step runner it runs on, each row's identity, rank 0's records of every measured 
 from __future__ import annotations
 
 import dataclasses
+import time
 from dataclasses import replace
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -83,13 +84,16 @@ class Measurer:
         if not s.settings.measure.count_flops:
             return None
         if shape not in self.counted:
-            model = self.runner.model
-            self.counted[shape] = count_over_ranks(s.workload, model, shape, s.ctx, s.train, s.settings.seed,
-                                                   s.control)  # fmt: skip
+            start, model = time.perf_counter(), self.runner.model
+            counted = count_over_ranks(s.workload, model, shape, s.ctx, s.train, s.settings.seed, s.control)
+            self.counted[shape] = counted
             if s.train:
                 self._rebuild_runner()
-            if s.lead and self.counted[shape].error:
-                LOG.warning("N=%d: FLOPs not counted (%s)", shape.n_tokens, self.counted[shape].error)
+            if s.lead and counted.error:
+                LOG.warning("N=%d: FLOPs not counted (%s)", shape.n_tokens, counted.error)
+            elif s.lead:
+                LOG.info("N=%d: %.6g model TFLOP per step, counted in %.2f s (fake tensors, untimed)",
+                         shape.n_tokens, counted.flops / 1e12, time.perf_counter() - start)  # fmt: skip
         return self.counted[shape]
 
     def row(self, shape: Shape, kind: str, repeats: int, prediction: Prediction | None) -> ResultRow:
