@@ -157,3 +157,26 @@ def test_an_unknown_device_leaves_the_mfu_blank_with_one_line():
     ]
     table = [line for line in lines if line.startswith("| 1d |")]
     assert table and all(line.split(" | ")[7] == "" for line in table)  # the MFU cell
+
+
+@torch.library.custom_op("cpbench_test::scaled_mm", mutates_args=())
+def _scaled_mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return 2 * a @ b
+
+
+@_scaled_mm.register_fake
+def _(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return a.new_empty(a.shape[0], b.shape[1])
+
+
+def test_an_op_outside_aten_is_named_and_not_invented():
+    """A custom op's FLOPs are not seen (its kernel is opaque): it counts 0 and is named."""
+    with FlopCount() as count:
+        a, b = torch.randn(8, 16), torch.randn(16, 4)
+        _scaled_mm(a, b)
+        torch.mm(a, b)
+    assert count.result().flops == 2 * 8 * 16 * 4  # the aten mm alone
+    assert count.result().uncounted == ("cpbench_test.scaled_mm",)
+    lines = efficiency_lines(_rows(0.5).assign(flops_uncounted="cpbench_test.scaled_mm"), {"run": {}})
+    said = "Ops outside aten that the FLOP counter cannot see into (counted as 0): `cpbench_test.scaled_mm`."
+    assert said in lines
