@@ -23,9 +23,11 @@ def axial_mix_flops(n: int, grid: str, channels: int = 32, hidden: int = 64, blo
     return blocks * (4 * n * n * channels * hidden + 2 * channels**2 * n * (rows + cols))
 
 
-def dtensor_pair_flops(n: int, channels: int = 8) -> int:
-    """tests/adapters/dtensor_pair.py: two C x C linears on the N x N pair tensor, however sharded."""
-    return 2 * 2 * n * n * channels**2
+def dtensor_pair_flops(n: int, ranks: int, channels: int = 8) -> int:
+    """tests/adapters/dtensor_pair.py over `ranks` ranks: `proj` on each rank's block of the N x N pair
+    tensor (N^2 rows in all), then `gate` on h + row mean + column mean, which DTensor replicates
+    on a grid (N^2 rows on every rank); each a C x C linear, 2 C^2 FLOPs a row."""
+    return 2 * channels**2 * n * n * (1 + ranks)
 
 
 def counted(rows: pd.DataFrame) -> list[int]:

@@ -60,11 +60,12 @@ def test_dtensor_checksum_counts_each_value_once(inference):
 
 
 def test_the_dtensor_modules_flops_are_counted_once_per_rank_share(inference):
-    """DTensor ops counted at their local shapes and summed over the ranks: the 2x2 grid's count is
-    the one-rank count, the module's two linears on every pair (at the global shape, 4x it)."""
+    """DTensor ops counted at the local shapes DTensor runs and summed over the ranks (counted at the
+    DTensor's global shape, or with DTensor's own shape propagation, every rank would add the whole
+    model again): at 2x2 and at cp=1 (1x1), each as the module runs it."""
     runs, report = inference
-    for frame in (runs["first"], runs["one"]):
-        assert counted(frame) == [dtensor_pair_flops(n) for n in frame["N_tokens"]]
+    for frame, ranks in ((runs["first"], 4), (runs["one"], 1)):
+        assert counted(frame) == [dtensor_pair_flops(n, ranks) for n in frame["N_tokens"]]
     assert "### Hardware efficiency" in report and "not a datasheet" in report
 
 

@@ -15,7 +15,8 @@ have fake kernels of their own), so a rank's count needs no peer and moves no by
 from __future__ import annotations
 
 from collections import Counter
-from contextlib import ExitStack
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -24,7 +25,9 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import FakeWork
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.distributed.tensor import DTensor
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.distributed.tensor._sharding_prop import ShardingPropagator
+from torch.fx.experimental.symbolic_shapes import ShapeEnv
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils.flop_counter import FlopCounterMode
 
 from cpbench.core import RankContext, Shape
@@ -72,6 +75,25 @@ class StepFlops:
     uncounted: tuple[str, ...] = ()
 
 
+@contextmanager
+def _dtensor_metadata_uncounted() -> Iterator[None]:
+    """DTensor derives an op's output shape by running it on fake tensors of the global shape, in the
+    fake mode it finds active: ours, under the counter. That run is bookkeeping, not the model's work,
+    so for its duration no mode of ours is active (it makes a fake mode of its own) and it reads real
+    index tensors (its strided shards' offsets), as it does outside a trace."""
+    propagate = ShardingPropagator._propagate_tensor_meta_non_cached
+
+    def outside_the_count(self: ShardingPropagator, *args: Any, **kwargs: Any) -> Any:
+        with _disable_current_modes():
+            return propagate(self, *args, **kwargs)
+
+    ShardingPropagator._propagate_tensor_meta_non_cached = outside_the_count
+    try:
+        yield
+    finally:
+        ShardingPropagator._propagate_tensor_meta_non_cached = propagate
+
+
 class FlopCount:
     """Counts what runs inside it on fake tensors; `result()` once it has closed."""
 
@@ -80,8 +102,10 @@ class FlopCount:
         self._modes = ExitStack()
 
     def __enter__(self) -> FlopCount:
-        fake = FakeTensorMode(allow_non_fake_inputs=True)
-        for mode in (fake, self._counter, self._local, _SkipCollectives()):  # the last sees an op first
+        fake = FakeTensorMode(allow_non_fake_inputs=True, shape_env=ShapeEnv())  # symbolic .tolist()
+        self._modes.enter_context(_dtensor_metadata_uncounted())
+        # The last sees an op first: a DTensor op goes to DTensor before another mode of ours sees it.
+        for mode in (fake, self._counter, _SkipCollectives(), self._local):
             self._modes.enter_context(mode)
         return self
 
