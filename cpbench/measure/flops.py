@@ -7,7 +7,8 @@ einsums and linears that lower to them), convolutions and fused attention, throu
 outside aten (a custom kernel) cannot be seen into: it counts nothing and is named in `uncounted`.
 
 Each rank counts its own share: a DTensor op is left to DTensor, whose local ops are then counted at
-the local shapes (counted at the DTensor's global shape, every rank would count the whole model).
+the local shapes, and DTensor's own shape propagation (the op run again at the global shape) is kept
+out; counted at the global shape, every rank would count the whole model.
 Collectives are skipped: the `c10d` ops return a completed work at once (the functional collectives
 have fake kernels of their own), so a rank's count needs no peer and moves no byte.
 """
