@@ -6,9 +6,13 @@
 #      CUDA out-of-memory error;
 #   3. the AF3-size fold workload's max N at cp=1 in bf16 (inference, 2 sampling steps: the per-step
 #      cost; the rest of the job is unchanged);
-#   4. the same probe led by the fake-tensor estimate (probe.predict=true): it proposes the largest N,
-#      two real steps confirm it, and probe.csv shows the measured peak beside the predicted one.
-#      Not yet run on a GPU (written without one; docs/fold.md says so).
+#   4. the same probe led by the fake-tensor estimate (probe.predict=true) under an 80 GiB budget (the
+#      capacity table's cp=1 row; on CUDA the estimate needs memory.budget_gib: with it null there is no
+#      budget to estimate against and the run stops; budget.minutes=null: the default 8-minute plan,
+#      scaled from the step at N=256 by (N/256)^2, refused the run on CPU; this step's timeout bounds
+#      it instead): it proposes the largest N, two real steps confirm
+#      it, and probe.csv shows the measured peak beside the predicted one. Not yet run on a GPU (written
+#      without one; its command lines ran on CPU at fold_small size, docs/fold.md says so).
 # Everything lands under $OUT (default gpu_check_out); the last step merges the runs into one
 # results.csv and cp_benchmark.md (with plots) under $OUT/report, ready for docs/cp_benchmark.md
 # (`python -m cpbench.report $OUT/nccl_pairformer $OUT/probe_oom $OUT/fold_bf16 --publish`).
@@ -48,8 +52,8 @@ step fold_bf16 210 workload=fold dist.backend=nccl topology.cp=1 dtype=bfloat16 
     timing.warmup=1 timing.repeats=2
 
 step fold_predicted 300 workload=fold dist.backend=nccl topology.cp=1 dtype=bfloat16 workload.sampling.steps=2 \
-    'sweep.n_tokens=[256]' probe.enabled=true probe.predict=true probe.granularity=128 \
-    probe.measure_at_max=false timing.warmup=1 timing.repeats=1
+    'sweep.n_tokens=[256]' probe.enabled=true probe.predict=true probe.granularity=128 memory.budget_gib=80 \
+    probe.measure_at_max=false timing.warmup=1 timing.repeats=1 budget.minutes=null
 echo "== fold_predicted: each probe step, measured peak beside predicted (GiB per rank):"
 "$py" - "$out/fold_predicted/probe.csv" <<'PY' || status=1
 import sys

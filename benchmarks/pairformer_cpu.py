@@ -85,7 +85,7 @@ def _rss_kib(field: str) -> int:
 
 
 def _rank(rank: int, world: int, tmp: str, kind: str, grid, n: int, train: bool, warmup: int, repeats: int,
-          threads: int):  # fmt: skip
+          threads: int, chunk_size: str | None):  # fmt: skip
     result: dict = {}
     try:
         torch.set_num_threads(threads)
@@ -97,7 +97,7 @@ def _rank(rank: int, world: int, tmp: str, kind: str, grid, n: int, train: bool,
         mesh, coords, (row_peers, col_peers) = build_mesh(topology, "cpu")
         ctx = RankContext(rank, world, torch.device("cpu"), mesh, topology, torch.float32, 0, coords,
                           row_peers, col_peers)  # fmt: skip
-        workload = PairformerWorkload(**REDUCED)
+        workload = PairformerWorkload(**REDUCED, chunk_size=chunk_size)
         model = workload.build_model(ctx)
         batch = workload.build_batch(Shape(n_tokens=n, n_atoms=0, msa_depth=1), ctx)
         runner = StepRunner(workload, model, train, ctx, lr=1e-4, weight_decay=0.0)
@@ -138,13 +138,23 @@ def _rank(rank: int, world: int, tmp: str, kind: str, grid, n: int, train: bool,
 
 
 def run_point(
-    kind: str, cp: int, grid, n: int, train: bool, warmup: int, repeats: int, timeout: float, threads: int = 1
+    kind: str,
+    cp: int,
+    grid,
+    n: int,
+    train: bool,
+    warmup: int,
+    repeats: int,
+    timeout: float,
+    threads: int = 1,
+    chunk_size: str | None = None,
 ) -> dict:
-    """Spawn the ranks of one point; return the max over ranks of each measure."""
+    """Spawn the ranks of one point (`chunk_size`: the workload's; null, the plain form); return the max
+    over ranks of each measure."""
     os.environ.setdefault("MALLOC_MMAP_THRESHOLD_", "131072")  # freed tensors leave the resident set
     context = mp.get_context("spawn")
     with tempfile.TemporaryDirectory() as tmp:
-        args = (cp, tmp, kind, grid, n, train, warmup, repeats, threads)
+        args = (cp, tmp, kind, grid, n, train, warmup, repeats, threads, chunk_size)
         procs = [context.Process(target=_rank, args=(rank, *args)) for rank in range(cp)]
         for proc in procs:
             proc.start()

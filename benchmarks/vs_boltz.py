@@ -3,12 +3,16 @@
     pip install --no-deps boltz==2.2.1 einops scipy   # its layer needs only these beside torch
     python benchmarks/vs_boltz.py                      # N 64, 128, 256
     python benchmarks/vs_boltz.py --n 128 --repeats 3
+    python benchmarks/vs_boltz.py --grid-ab               # also the chunked/plain A/B on a 2d 2x2 grid
 
 A CP benchmark of a slow reference model puts the bottleneck where no production model has it, so
 the one-rank block is held to a public implementation's speed. Both sides get the same dims (c_s 64,
 c_z 32, 4 single heads, 4 triangle heads of width 8, B=1, fp32, `--threads` torch threads) and the
 same weights (cpbench's copied into boltz's layer; boltz's v2 single attention, as Boltz-2 uses);
-outputs and gradients are checked equal to fp32 round-off before anything is timed.
+outputs and gradients are checked equal to fp32 round-off before anything is timed. Forward also
+runs cpbench's chunked inference form (`chunk_size=auto`, the default of workload=fold: every op
+written over z in place), the A/B against cpbench's plain form; it writes over its input, so each
+of its steps starts from its own copy of z (the copy is timed with it).
 
 Per N: forward (no grad) and forward + backward (a fixed random cotangent on s and z), the two
 systems interleaved step by step in one process (so the machine's load falls on both alike), the
@@ -16,6 +20,11 @@ median of `--repeats`. Activation memory per phase: VmHWM minus VmRSS at the pha
 resetting the high-water mark through /proc/self/clear_refs, with glibc told (mallopt) to return
 blocks of 128 KiB and up to the kernel on free, so a freed tensor leaves the resident set; weights
 and inputs exist before the phase and are not counted. Prints the ratios cpbench / boltz.
+
+`--grid-ab`: the same A/B on a 2d 2x2 grid of gloo ranks (pairformer_cpu.py's harness and sizes, the
+same as here; one torch thread per rank), inference steps of the pairformer workload with
+`chunk_size` null and auto, the two alternating point by point: the slowest rank's median step
+and the per-rank activation peak.
 """
 
 from __future__ import annotations
@@ -27,11 +36,12 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
-from cpbench.models.pairformer import PairformerConfig, PairLayout
+from cpbench.models.pairformer import PairformerConfig, PairLayout, chunking
 from cpbench.models.pairformer.block import PairformerBlock
 
 C_S, C_Z, SINGLE_HEADS, TRI_HEADS, TRI_WIDTH = 64, 32, 4, 4, 8
@@ -119,6 +129,29 @@ class Side:
         torch.autograd.backward([s, z], [ds, dz])
 
 
+class InPlaceSide(Side):
+    """cpbench's chunked inference form, which writes z's update over z: each step takes a copy."""
+
+    def call(self) -> tuple[torch.Tensor, torch.Tensor]:
+        with torch.no_grad():
+            return self.module(self.s, self.z.detach().clone(), self.mask, self.layout)
+
+
+def chunked_twin(block: PairformerBlock) -> PairformerBlock:
+    """The same block (same weights) with chunked inference on, as workload=fold runs it."""
+    twin = PairformerBlock(replace(CONFIG, chunk_size=chunking.AUTO))
+    twin.load_state_dict(block.state_dict())
+    return twin.eval()
+
+
+def deviation(plain: Side, chunked: Side) -> float:
+    """Largest deviation of the chunked form's outputs from the plain form's, relative to each one's
+    largest entry."""
+    with torch.no_grad():
+        pairs = zip(plain.call(), chunked.call(), strict=True)
+        return max(float((a - b).abs().max() / a.abs().max()) for a, b in pairs)
+
+
 def _rss_kib(field: str) -> int:
     for line in Path("/proc/self/status").read_text().splitlines():
         if line.startswith(field + ":"):
@@ -169,9 +202,14 @@ def measure(n: int, repeats: int, warmup: int) -> dict[str, dict[str, float]]:
     err = check_equal(*sides, ds, dz)
     if err > 1e-3:
         raise RuntimeError(f"N={n}: cpbench and boltz disagree (max relative deviation {err:.2e})")
-    phases = {"fwd": lambda side: side.forward(), "fwd+bwd": lambda side: side.forward_backward(ds, dz)}
-    result: dict[str, dict[str, float]] = {"check": {"max_rel_dev": err}}
-    for phase, step in phases.items():
+    chunked = InPlaceSide("chunked", chunked_twin(ours_module), s, z)
+    err_chunked = deviation(sides[0], chunked)
+    if err_chunked > 1e-5:
+        raise RuntimeError(f"N={n}: chunked and plain disagree (max relative deviation {err_chunked:.2e})")
+    phases = {"fwd": (lambda side: side.forward(), [*sides, chunked]),
+              "fwd+bwd": (lambda side: side.forward_backward(ds, dz), sides)}  # fmt: skip
+    result: dict[str, dict[str, float]] = {"check": {"max_rel_dev": err, "chunked_rel_dev": err_chunked}}
+    for phase, (step, sides) in phases.items():
         for _ in range(warmup):
             for side in sides:
                 step(side)
@@ -197,6 +235,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--grid-ab", action="store_true", help="also the chunked/plain A/B on a 2x2 grid")
     args = parser.parse_args()
     try:
         import boltz.model.layers.pairformer  # noqa: F401
@@ -208,6 +247,7 @@ def main() -> None:
     print("| N | fwd ms cpbench / boltz | ratio | fwd+bwd ms cpbench / boltz | ratio | fwd MiB cpbench / "
           "boltz | ratio | fwd+bwd MiB cpbench / boltz | ratio | max rel dev |")  # fmt: skip
     print("|---|---|---|---|---|---|---|---|---|---|")
+    rows = []
     for n in args.n:
         r = measure(n, args.repeats, args.warmup)
         ours, theirs = r["cpbench"], r["boltz"]
@@ -215,10 +255,42 @@ def main() -> None:
         for key in ("fwd ms", "fwd+bwd ms", "fwd MiB", "fwd+bwd MiB"):
             cells.append(f"{ours[key]:.1f} / {theirs[key]:.1f} | {ours[key] / theirs[key]:.2f}x")
         print(f"| {n} | " + " | ".join(cells) + f" | {r['check']['max_rel_dev']:.1e} |", flush=True)
+        rows.append((n, r))
+    print("\nThe A/B, cpbench's chunked inference form against its plain form (forward, no grad):\n")
+    print("| N | fwd ms chunked / plain | ratio | fwd MiB chunked / plain | ratio | max rel dev |")
+    print("|---|---|---|---|---|---|")
+    for n, r in rows:
+        chunked, plain = r["chunked"], r["cpbench"]
+        cells = [
+            f"{chunked[k]:.1f} / {plain[k]:.1f} | {chunked[k] / plain[k]:.2f}x" for k in ("fwd ms", "fwd MiB")
+        ]
+        print(f"| {n} | " + " | ".join(cells) + f" | {r['check']['chunked_rel_dev']:.1e} |")
     print(
         f"\ntorch {torch.__version__}, {torch.get_num_threads()} threads, fp32, B=1; "
         f"median of {args.repeats}; python {sys.version.split()[0]}"
     )
+    if args.grid_ab:
+        grid_ab(args.n, args.repeats, args.warmup)
+
+
+def grid_ab(sizes: list[int], repeats: int, warmup: int) -> None:
+    """The chunked/plain inference A/B on a 2d 2x2 grid: one spawn per point, plain and chunked in
+    turn (the first alternating with N)."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    from pairformer_cpu import run_point
+
+    print("\nThe A/B on a 2d 2x2 grid (inference, gloo, 1 thread per rank):\n")
+    print("| N | step ms chunked / plain | ratio | activation MiB per rank chunked / plain | ratio |")
+    print("|---|---|---|---|---|")
+    for i, n in enumerate(sizes):
+        forms = [None, chunking.AUTO] if i % 2 == 0 else [chunking.AUTO, None]
+        p = {c: run_point("2d", 4, (2, 2), n, False, warmup, repeats, 900, chunk_size=c) for c in forms}
+        chunked, plain = p[chunking.AUTO], p[None]
+        cells = [
+            f"{chunked[k]:.1f} / {plain[k]:.1f} | {chunked[k] / plain[k]:.2f}x"
+            for k in ("step_ms", "activation_mib")
+        ]
+        print(f"| {n} | " + " | ".join(cells) + " |", flush=True)
 
 
 if __name__ == "__main__":

@@ -34,9 +34,22 @@ def _fold_rank(rank: int, world: int, tmp: str, kind: str, grid: tuple[int, int]
         report(tmp, rank, failures)
 
 
-def fold_failures(ctx, grid: tuple[int, int], shape: Shape, chunk: int | None = None) -> list[str]:
+def fold_run(ctx, shape: Shape, chunk: int | None = None) -> tuple:
+    """(loss share, gradients, sampled positions, model, batch) of the TINY fold workload on `ctx`."""
+    workload = FoldWorkload(**TINY, chunk_size=chunk)
+    model = workload.build_model(ctx)
+    batch = workload.build_batch(shape, ctx)
+    loss, grads = loss_and_grads(workload, model, batch)
+    with torch.no_grad():  # inference as the driver runs it (with chunking on: the in-place form)
+        positions = model.sample(batch)
+    return loss, grads, positions, model, batch
+
+
+def fold_failures(ctx, grid: tuple[int, int], shape: Shape, chunk: int | None = None,
+                  reference: tuple | None = None) -> list[str]:  # fmt: skip
     """This rank's shard of the fold workload (`chunk`: its chunk_size) against the plain one-rank
-    model: loss, summed gradients, positions, and the halo plan."""
+    model (`reference`: its loss, gradients and positions when already computed): loss, summed
+    gradients, positions, and the halo plan."""
     rank, failures = ctx.rank, []
 
     def check(what, actual, expected):
@@ -45,13 +58,9 @@ def fold_failures(ctx, grid: tuple[int, int], shape: Shape, chunk: int | None = 
         except AssertionError as err:
             failures.append(f"rank {rank}: {what}: {err}")
 
-    runs = []
-    for c, chunk_size in ((one_rank(ctx), None), (ctx, chunk)):
-        workload = FoldWorkload(**TINY, chunk_size=chunk_size)
-        model = workload.build_model(c)
-        batch = workload.build_batch(shape, c)
-        runs.append((*loss_and_grads(workload, model, batch), model.sample(batch), batch.atoms.windows))
-    (loss1, grads1, x1, _), (share, grads, x, windows) = runs
+    loss1, grads1, x1 = reference or fold_run(one_rank(ctx), shape)[:3]
+    share, grads, x, model, batch = fold_run(ctx, shape, chunk)
+    windows = batch.atoms.windows
     check("loss", all_reduce_sum(share, dist.group.WORLD), loss1)
     for i, (g, g1) in enumerate(zip(grads, grads1, strict=True)):
         check(f"grad of parameter {i}", all_reduce_sum(g, dist.group.WORLD), g1)

@@ -73,6 +73,27 @@ def test_calibration_adds_what_a_real_step_held_beyond_its_trace():
     assert raw.calibrated(64, 0.5, 32).proposal is None  # nothing fits: the plain probe takes over
 
 
+class _OneLinear:
+    """A bias-free Linear(256, 256) on a batch of 4 rows: weight 256 KiB, batch and output 4 KiB each."""
+
+    def build_model(self, ctx):
+        return torch.nn.Linear(256, 256, bias=False)
+
+    def build_batch(self, shape: Shape, ctx):
+        return torch.ones(4, 256)
+
+    def run_step(self, model, batch, train):
+        return model(batch)
+
+
+def test_a_weight_read_through_a_view_is_counted_once():
+    """A linear reads its weight transposed (a view): the weight's bytes are held once, not again
+    as a new storage (with real weights under fake tensors, the view was a fake copy's)."""
+    one_rank = Topology("1d", 1, (1, 1))
+    peak = predict.trace_peak(_OneLinear(), one_rank, Shape(4, 0, 1), False, torch.float32, 0, 0)
+    assert peak == 256 * 256 * 4 + 2 * 4 * 256 * 4
+
+
 @torch.library.custom_op("cpbench_test::opaque", mutates_args=())
 def _opaque(x: torch.Tensor) -> torch.Tensor:
     return x.clone()  # a custom kernel with no fake implementation

@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import math
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 
@@ -21,6 +21,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.nn.utils.stateless import _reparametrize_module
 from torch.testing._internal.distributed.fake_pg import FakeStore
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
@@ -166,6 +167,15 @@ class LiveBytes(TorchDispatchMode):
         self.peak = max(self.peak, self.live)
         return out
 
+    def hold(self, tensors: Iterable[torch.Tensor]) -> None:
+        """Count these tensors' storages as live from the start, once (a view of one is no new storage)."""
+        for t in tensors:
+            storage = t.untyped_storage()
+            if storage not in self._seen:
+                self._seen[storage] = None
+                self.live += storage.nbytes()
+        self.peak = max(self.peak, self.live)
+
     def _free(self, size: int, _ref: object) -> None:
         self.live -= size
 
@@ -233,10 +243,12 @@ def trace_peak(workload: Workload, topology: Topology, shape: Shape, train: bool
         contract = Contract(getattr(workload, "contract", Contract.native))
         # AdamW's exp_avg and exp_avg_sq, alive from the first training step on.
         optim_bytes = 2 * (sum(p.numel() * p.element_size() for p in params) + cut_params) if train else 0
-        weights = {id(t.untyped_storage()): t.untyped_storage().nbytes() for t in model.state_dict().values()}
-        tracker = LiveBytes(sum(weights.values()) + cut_bytes, gloo)
+        fake = FakeTensorMode(allow_non_fake_inputs=True)
+        weights = _fake_weights(model, fake)
+        tracker = LiveBytes(cut_bytes, gloo)
+        tracker.hold(weights.values())
         try:
-            with FakeTensorMode(allow_non_fake_inputs=True), tracker, chunking.peak_only():
+            with _reparametrize_module(model, weights, tie_weights=True), fake, tracker, chunking.peak_only():
                 seed_all(seed)
                 batch = workload.build_batch(shape, ctx)
                 with torch.set_grad_enabled(train):
@@ -246,10 +258,14 @@ def trace_peak(workload: Workload, topology: Topology, shape: Shape, train: bool
         except Exception as err:  # any op fake tensors cannot run: name it
             op = tracker.failed_op or _op_of(err)
             raise CannotTrace(op, (str(err).strip() or "?").splitlines()[0]) from err
-        finally:
-            for p in model.parameters():
-                p.grad = None
         return tracker.peak + optim_bytes
+
+
+def _fake_weights(model: torch.nn.Module, fake: FakeTensorMode) -> dict[str, torch.Tensor]:
+    """Fake copies of the model's weights and buffers, by name, to swap in for the trace: fake
+    tensors' dispatch cache skips every op that reads a real tensor, and most ops read a weight."""
+    named = {**dict(model.named_parameters()), **dict(model.named_buffers())}
+    return {name: fake.from_tensor(t) for name, t in named.items()}
 
 
 def estimate(workload: Workload, topology: Topology, shape: Shape, train: bool, dtype: torch.dtype,
