@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from pathlib import Path
 from typing import Any
@@ -42,19 +43,26 @@ class MergeSweep(Callback):
     of the sweep into one results.csv and cp_benchmark.md (with plots) at the sweep folder's root.
     The sweep ran past failed jobs; it lists them, then exits non-zero."""
 
+    def __init__(self) -> None:
+        self.watching = contextlib.ExitStack()
+
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         """submitit's own log (the Hydra submitit launchers wait through it) goes to the sweep's
-        `.submitit/submitit.log`, each message once, instead of three times on the console."""
-        from cpbench.launch.slurm import log_submitit_to
+        `.submitit/submitit.log`, each message once, instead of three times on the console; while a
+        submitit SLURM launcher waits, each change of a job's state is one line."""
+        from cpbench.app.campaign import tell
+        from cpbench.launch.slurm import log_submitit_to, watch_hydra_jobs
 
         log_submitit_to(Path(str(config.hydra.sweep.dir)) / ".submitit" / "submitit.log")
+        self.watching.enter_context(watch_hydra_jobs(config.hydra, tell))
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         # Imported here: every Hydra run builds its callbacks, few of them end a multirun.
-        from cpbench.launch.slurm import finish_pending
+        from cpbench.app.campaign import finish_deferred
         from cpbench.report.merge import merge
 
-        finish_pending()
+        self.watching.close()
+        finish_deferred()
         sweep_dir = Path(str(config.hydra.sweep.dir))
         if not sweep_dir.is_dir():
             return
