@@ -38,13 +38,15 @@ class CheckOutputDir(Callback):
             raise SystemExit(2) from None
 
 
+# What watches the sweep's jobs while it runs; not the callback's own: a Hydra submitit launcher pickles
+# the callbacks into every job.
+_WATCHING = contextlib.ExitStack()
+
+
 class MergeSweep(Callback):
     """At the end of a multirun: wait for the SLURM jobs it left running, then merge every job folder
     of the sweep into one results.csv and cp_benchmark.md (with plots) at the sweep folder's root.
     The sweep ran past failed jobs; it lists them, then exits non-zero."""
-
-    def __init__(self) -> None:
-        self.watching = contextlib.ExitStack()
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         """submitit's own log (the Hydra submitit launchers wait through it) goes to the sweep's
@@ -54,14 +56,14 @@ class MergeSweep(Callback):
         from cpbench.launch.slurm import log_submitit_to, watch_hydra_jobs
 
         log_submitit_to(Path(str(config.hydra.sweep.dir)) / ".submitit" / "submitit.log")
-        self.watching.enter_context(watch_hydra_jobs(config.hydra, tell))
+        _WATCHING.enter_context(watch_hydra_jobs(config.hydra, tell))
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         # Imported here: every Hydra run builds its callbacks, few of them end a multirun.
         from cpbench.app.campaign import finish_deferred
         from cpbench.report.merge import merge
 
-        self.watching.close()
+        _WATCHING.close()
         finish_deferred()
         sweep_dir = Path(str(config.hydra.sweep.dir))
         if not sweep_dir.is_dir():

@@ -19,8 +19,9 @@ from omegaconf import DictConfig
 
 from cpbench.core import ConfigError, Topology
 from cpbench.launch.base import JobFailed, JobState, Launcher, Notify, ScriptWritten, Submitted, Waiting
-from cpbench.launch.slurm.job import build_executor, interrupt, log_submitit_to, submit
+from cpbench.launch.slurm.job import build_executor, interrupt, submit
 from cpbench.launch.slurm.layout import Layout, executor_parameters, layout
+from cpbench.launch.slurm.quiet import children_stderr_to_log, log_submitit_to
 from cpbench.launch.slurm.script import sbatch_script
 from cpbench.launch.slurm.state import failure_of, root_failure, wait, watch_folder
 from cpbench.launch.torchrun import TorchrunLauncher
@@ -148,7 +149,8 @@ def hydra_job_turn(job_dir: Path) -> contextlib.AbstractContextManager:
 @contextlib.contextmanager
 def watch_hydra_jobs(hydra: DictConfig, notify: Callable[[JobState], None]) -> Iterator[None]:
     """While a Hydra submitit SLURM launcher waits for its jobs (it polls sacct and says nothing), each
-    change of their state, from the folders it makes for them; nothing under any other launcher."""
+    change of their state, from the folders it makes for them, and sacct's own complaints off the
+    console; nothing under any other launcher."""
     target = str(hydra.launcher.get("_target_", ""))
     if target != "hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher":
         yield
@@ -158,7 +160,8 @@ def watch_hydra_jobs(hydra: DictConfig, notify: Callable[[JobState], None]) -> I
     watcher = threading.Thread(target=watch_folder, args=(folder, notify, stop), daemon=True)
     watcher.start()
     try:
-        yield
+        with children_stderr_to_log():
+            yield
     finally:
         stop.set()
         watcher.join(timeout=60)

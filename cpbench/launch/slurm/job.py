@@ -1,5 +1,5 @@
-"""One cpbench run as one SLURM job through submitit: the executor, what every task runs (one rank
-that takes its torch.distributed environment from the job), and submitit's own log.
+"""One cpbench run as one SLURM job through submitit: the executor, and what every task runs (one rank
+that takes its torch.distributed environment from the job).
 
 The job is checkpointable: on timeout submitit calls `checkpoint`, which marks the point being measured
 as interrupted (not broken) and requeues the same callable; SIGTERM (a preemption, scancel) marks it so
@@ -11,16 +11,14 @@ from __future__ import annotations
 import functools
 import logging
 import os
-import re
 import signal
 from dataclasses import asdict
-from pathlib import Path
-from typing import Any
 
 import submitit
 from submitit.helpers import Checkpointable, DelayedSubmission, TorchDistributedEnvironment
 
 from cpbench.launch.slurm.layout import executor_parameters, layout
+from cpbench.launch.slurm.quiet import log_submitit_to
 from cpbench.probe.state import ProbeState
 from cpbench.rank import RunSpec, run_rank
 from cpbench.results.folder import RunFolder
@@ -70,44 +68,6 @@ def _end_interrupted(output_dir: str, rank: int, signum: int, frame: object) -> 
         interrupt(RunFolder(output_dir))
     logging.shutdown()
     os._exit(128 + signum)
-
-
-class _Once(logging.Filter):
-    """Each message once: submitit repeats its warning on every poll ("Call #N - Bypassing sacct error")."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.seen: set[str] = set()
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        key = re.sub(r"^Call #\d+ - ", "", record.getMessage())
-        new = key not in self.seen
-        self.seen.add(key)
-        return new
-
-
-class _FileOnDemand(logging.FileHandler):
-    """A log file (and its folder) made by its first message only."""
-
-    def __init__(self, path: Path) -> None:
-        super().__init__(path, delay=True)
-
-    def _open(self) -> Any:
-        Path(self.baseFilename).parent.mkdir(parents=True, exist_ok=True)
-        return super()._open()
-
-
-def log_submitit_to(path: Path) -> None:
-    """In the submitting process, submitit's own log goes to `path` alone, each message once: it prints
-    each warning on stdout and stderr, and Hydra's root logger prints it a third time."""
-    handler = _FileOnDemand(path)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
-    handler.addFilter(_Once())
-    logger = logging.getLogger("submitit")
-    for old in list(logger.handlers):
-        logger.removeHandler(old)
-    logger.addHandler(handler)
-    logger.propagate = False
 
 
 def submit(spec: RunSpec, cp: int) -> submitit.Job:

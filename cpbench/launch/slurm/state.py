@@ -24,6 +24,8 @@ from cpbench.launch.base import JobState, is_consequence
 # ENDED: the controller has forgotten it (MinJobAge after its end).
 _ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "DEADLINE", "ENDED"}
 POLL_S = 2.0
+# How long the watch of a Hydra sweep's jobs waits, once the sweep has their results, for SLURM to end them.
+END_GRACE_S = 20.0
 
 
 def slurm_state(job_id: str) -> dict[str, str]:
@@ -88,21 +90,26 @@ def wait(jobs: Sequence[submitit.Job], notify: Callable[[JobState], None]) -> No
 
 
 def _job_folders(folder: Path) -> list[Path]:
-    """The folders submitit names by job id (`42`, or `42_3` for a job of an array)."""
-    found = folder.iterdir() if folder.is_dir() else ()
-    return sorted(p for p in found if re.fullmatch(r"\d+(_\d+)?", p.name))
+    """The folders submitit names by job id: `42`, or `42_3` for a job of an array (whose own `42`
+    holds only the array's script)."""
+    found = [p for p in folder.iterdir() if re.fullmatch(r"\d+(_\d+)?", p.name)] if folder.is_dir() else []
+    arrays = {p.name.split("_")[0] for p in found if "_" in p.name}
+    return sorted(p for p in found if p.name not in arrays)
 
 
 def watch_folder(folder: Path, notify: Callable[[JobState], None], stop: threading.Event) -> None:
     """The jobs whose folders submitit makes under `folder` (a Hydra submitit launcher's, which waits
-    for them itself): each change of their state, until `stop` is set."""
-    changes = Changes(notify)
+    for them itself): each change of their state, until `stop` is set and, for a few seconds more,
+    until each has ended (a job leaves its result a moment before SLURM ends it)."""
+    changes, deadline = Changes(notify), None
     while True:
-        last = stop.wait(POLL_S)  # once stopped, one more look: each job's last state is told too
-        for job in _job_folders(folder):
-            if changes.seen.get(job.name, ("",))[0] not in _ENDED:
-                changes.tell(_job_state(job.name, job))
-        if last:
+        if stop.wait(POLL_S) and deadline is None:
+            deadline = time.monotonic() + END_GRACE_S
+        running = [job for job in _job_folders(folder) if changes.seen.get(job.name, ("",))[0] not in _ENDED]
+        for job in running:
+            changes.tell(_job_state(job.name, job))
+        left = [job for job in running if changes.seen[job.name][0] not in _ENDED]
+        if deadline is not None and (not left or time.monotonic() > deadline):
             return
 
 
