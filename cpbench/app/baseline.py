@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pandas as pd
 
+from cpbench.app.outcome import close_failed
 from cpbench.launch.base import Notify, RankFailure, ShapeDoesNotFit
 from cpbench.launch.local import LocalLauncher, LocalSettings
-from cpbench.launch.outcome import close_failed
 from cpbench.rank import RunSpec, walltime_points
 from cpbench.results.folder import RunFolder
 from cpbench.results.row import BASELINE, point_key

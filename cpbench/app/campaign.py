@@ -18,6 +18,7 @@ from torch.distributed.elastic.multiprocessing.api import SignalException
 from cpbench.app.baseline import attach_baseline, refusal
 from cpbench.app.checks import CheckedRun, checked_run
 from cpbench.app.interrupt import Interrupted, close_interrupted, in_flight, signals_end_the_run
+from cpbench.app.outcome import close_failed
 from cpbench.checks.accuracy import MISMATCH
 from cpbench.checks.repeat import repeat_spread
 from cpbench.core import ConfigError, Topology
@@ -31,7 +32,6 @@ from cpbench.launch.base import (
     Submitted,
     Waiting,
 )
-from cpbench.launch.outcome import close_failed
 from cpbench.plan.changes import load_job, what_changed
 from cpbench.plan.footprint import Snapshot
 from cpbench.probe import predict

@@ -8,7 +8,7 @@ import signal
 import sys
 from collections.abc import Iterator
 
-from cpbench.launch.outcome import close_failed
+from cpbench.app.outcome import close_failed
 from cpbench.probe.state import ProbeState
 from cpbench.results.folder import RunFolder
 

@@ -12,7 +12,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from cpbench.app.campaign import run
-from cpbench.launch.outcome import close_failed
+from cpbench.app.outcome import close_failed
 from cpbench.launch.registry import leads_here
 from cpbench.launch.slurm import hydra_job_turn
 from cpbench.results.folder import RunFolder
