@@ -7,6 +7,7 @@ from cpbench.launch.base import Launcher
 from cpbench.launch.local import LocalLauncher
 from cpbench.launch.slurm import JobTasksLauncher, SlurmLauncher
 from cpbench.launch.torchrun import TorchrunLauncher, leads_here
+from cpbench.settings.schema import BenchConfig
 
 # In order: asked for in the settings first, then what this process finds itself in, then the default.
 LAUNCHERS: tuple[type[Launcher], ...] = (SlurmLauncher, TorchrunLauncher, JobTasksLauncher, LocalLauncher)
@@ -14,7 +15,7 @@ LAUNCHERS: tuple[type[Launcher], ...] = (SlurmLauncher, TorchrunLauncher, JobTas
 __all__ = ["LAUNCHERS", "launcher_for", "leads_here"]
 
 
-def launcher_for(settings, in_sweep: bool = False) -> Launcher:
+def launcher_for(settings: BenchConfig, in_sweep: bool = False) -> Launcher:
     """The launcher of a run of the validated `settings` (`in_sweep`: a job of a multirun)."""
     chosen = next(launcher for launcher in LAUNCHERS if launcher.chosen(settings))
     return chosen.from_settings(settings, in_sweep)
