@@ -70,10 +70,10 @@ def children_stderr_to_log() -> Iterator[None]:
     try:
         yield
     finally:
-        sys.stderr.flush()
+        ours, sys.stderr = sys.stderr, previous
+        ours.close()  # flushed; the console's descriptor stays open (closefd=False)
         os.dup2(console, 2)  # the pipe's last writer closes: the reader ends
         os.close(console)
-        sys.stderr = previous
         reader.join(timeout=10)
 
 
