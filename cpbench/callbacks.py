@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,11 @@ class CheckOutputDir(Callback):
             raise SystemExit(2) from None
 
 
+# What watches the sweep's jobs while it runs; not the callback's own: a Hydra submitit launcher pickles
+# the callbacks into every job.
+_WATCHING = contextlib.ExitStack()
+
+
 class MergeSweep(Callback):
     """At the end of a multirun: wait for the SLURM jobs it left running, then merge every job folder
     of the sweep into one results.csv and cp_benchmark.md (with plots) at the sweep folder's root.
@@ -44,17 +50,21 @@ class MergeSweep(Callback):
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         """submitit's own log (the Hydra submitit launchers wait through it) goes to the sweep's
-        `.submitit/submitit.log`, each message once, instead of three times on the console."""
-        from cpbench.launch.slurm import log_submitit_to
+        `.submitit/submitit.log`, each message once, instead of three times on the console; while a
+        submitit SLURM launcher waits, each change of a job's state is one line."""
+        from cpbench.app.campaign import tell
+        from cpbench.launch.slurm import log_submitit_to, watch_hydra_jobs
 
         log_submitit_to(Path(str(config.hydra.sweep.dir)) / ".submitit" / "submitit.log")
+        _WATCHING.enter_context(watch_hydra_jobs(config.hydra, tell))
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         # Imported here: every Hydra run builds its callbacks, few of them end a multirun.
-        from cpbench.launch.slurm import finish_pending
+        from cpbench.app.campaign import finish_deferred
         from cpbench.report.merge import merge
 
-        finish_pending()
+        _WATCHING.close()
+        finish_deferred()
         sweep_dir = Path(str(config.hydra.sweep.dir))
         if not sweep_dir.is_dir():
             return

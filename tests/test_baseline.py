@@ -1,4 +1,4 @@
-"""The cp=1 baseline beside a CP run (cpbench/launch/baseline.py): planned by default, measured once
+"""The cp=1 baseline beside a CP run (cpbench/app/baseline.py): planned by default, measured once
 per configuration in the cache inside output_dir, its rows in the run's results.csv and readout."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from conftest import TIMING, cpbench, ok, results
 from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
-from cpbench.launch.baseline import cache_key, plan
+from cpbench.app.baseline import cache_key, plan
 from cpbench.results.folder import RunFolder
 from cpbench.results.row import BASELINE
 from cpbench.settings.schema import register

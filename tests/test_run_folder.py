@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from cpbench.launch.outcome import close_failed
+from cpbench.app.outcome import close_failed
 from cpbench.probe.in_flight import WorkInFlight
 from cpbench.probe.search import Trial
 from cpbench.probe.state import ProbeState

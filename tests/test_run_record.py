@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from cpbench.launch.baseline import refusal
+from cpbench.app.baseline import refusal
 from cpbench.record import run_record
 from cpbench.record.run_record import (
     Change,

@@ -12,9 +12,14 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from conftest import FAST, TESTS, cpbench, ok, results
+from conftest import BASE, FAST, TESTS, cpbench, ok, results
+from hydra import compose, initialize_config_module
+from omegaconf import OmegaConf
 from slurm_cluster import skip_without_slurm
 from test_slurm import _wait_for, submitit_task_pid
+
+from cpbench.launch.slurm import sbatch_script
+from cpbench.settings.schema import BenchConfig, register
 
 skip_without_slurm()
 pytestmark = pytest.mark.usefixtures("idle_cluster")
@@ -75,6 +80,18 @@ def test_one_job_of_two_tasks_measures_what_a_local_run_measures(slurm_cluster, 
     pd.testing.assert_series_equal(on_slurm["checksum"], here["checksum"])
     assert f"submitted slurm job {job_id} (1 node(s) x 2 rank(s) (CPU ranks))" in proc.stderr
     assert f"cpbench: job {job_id} RUNNING" in proc.stderr
+    job_folder = out.resolve() / "slurm" / job_id
+    assert f"cpbench: job {job_id} RUNNING; logs: {job_folder}" in proc.stderr.splitlines()
+    # slurm.dry_run's script (cpbench's own writer) is the one submitit submitted, line for line.
+    settings = _settings(*BASE, *ON_SLURM, *points, f"output_dir={out}")
+    submitted = (job_folder / f"{job_id}_submission.sh").read_text()
+    assert sbatch_script(settings, out.resolve() / "slurm" / "%j", 2) == submitted
+
+
+def _settings(*overrides: str) -> BenchConfig:
+    register()
+    with initialize_config_module("cpbench.configs", version_base="1.3"):
+        return OmegaConf.to_object(compose("config", list(overrides)))
 
 
 def _in_flight(out: Path) -> int | None:
@@ -108,7 +125,7 @@ def test_hydra_submitit_slurm_launcher_sweep_is_merged(slurm_cluster, tmp_path):
     """-m hydra/launcher=cpbench_slurm: hydra-submitit-launcher submits one SLURM job per cp (one task,
     which launches its own cp ranks); the end of the sweep merges them into one report."""
     out = tmp_path / "sweep"
-    ok(
+    proc = ok(
         cpbench(
             "-m", "hydra/launcher=cpbench_slurm", "hydra.launcher.gpus_per_node=null", "topology.cp=1,2",
             "sweep.n_tokens=[16]", *FAST, f"output_dir={out}", cwd=tmp_path, env=slurm_cluster.env,
@@ -116,6 +133,7 @@ def test_hydra_submitit_slurm_launcher_sweep_is_merged(slurm_cluster, tmp_path):
     )  # fmt: skip
     array = [p.name for p in (out / ".submitit").iterdir() if re.fullmatch(r"\d+_\d+", p.name)]  # a job array
     assert len(array) == 2
+    _check_quiet_console(proc, out / ".submitit", sorted(array))
     jobs = [slurm_cluster.ended(task) for task in sorted(array)]
     assert [(job["JobState"], job["NumTasks"], job["OverSubscribe"]) for job in jobs] == [
         ("COMPLETED", "1", "NO")
@@ -125,6 +143,22 @@ def test_hydra_submitit_slurm_launcher_sweep_is_merged(slurm_cluster, tmp_path):
     assert list(merged["run"]) == ["0_cp1", "1_cp2"] and list(merged["cp"]) == [1, 2]
     assert set(merged["status"]) == {"ok"}
     assert "| 0_cp1 | 1d | 1 |" in (out / "cp_benchmark.md").read_text()
+
+
+def _check_quiet_console(proc, submitit_folder: Path, jobs: list[str]) -> None:
+    """No line said twice on the console (submitit warns on every poll where sacct fails: no slurmdbd),
+    a line for each job's state changes with the folder of its logs, and submitit's own warnings once,
+    in its log beside the jobs' folders."""
+    console = [line for line in (proc.stdout + proc.stderr).splitlines() if line.strip()]
+    said = [re.sub(r"Call #\d+ - ", "", line) for line in console]  # submitit numbers its polls
+    assert len(said) == len(set(said)), "\n".join(console)
+    assert not [line for line in console if "sacct" in line], "\n".join(console)
+    for job in jobs:
+        assert f"cpbench: job {job} RUNNING; logs: {submitit_folder.resolve() / job}" in said, said
+        assert f"cpbench: job {job} COMPLETED; logs: {submitit_folder.resolve() / job}" in said, said
+    warnings = (submitit_folder / "submitit.log").read_text().splitlines()
+    assert len(warnings) == len(set(re.sub(r"^\S+ \S+ |Call #\d+ - ", "", w) for w in warnings)), warnings
+    assert sum("Bypassing sacct error" in w for w in warnings) == 1, warnings
 
 
 def test_a_rank_that_raises_is_named_as_the_failing_task(slurm_cluster, tmp_path):

@@ -1,10 +1,10 @@
-"""What the app checks before any rank starts: the settings against this environment (torchrun's
-world, a submitit job's tasks, the visible GPUs), and the workload built once, so that a bad input is
-one line and exit 2 with nothing started."""
+"""What the app checks before any rank starts: the settings, the launcher's own checks (torchrun's
+world, a submitit job's tasks, the visible GPUs, a SLURM job's layout), and the workload built once,
+so that a bad input is one line and exit 2 with nothing started."""
 
 from __future__ import annotations
 
-import os
+from dataclasses import dataclass
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import InstantiationException
@@ -12,41 +12,17 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig
 
 from cpbench.core import ConfigError, Topology
-from cpbench.launch import slurm
-from cpbench.runtime.rank import pick_backend
+from cpbench.launch.base import Launcher
+from cpbench.launch.registry import launcher_for
 from cpbench.settings.schema import BenchConfig, Mode, Workflow
 from cpbench.settings.validate import to_settings, validate
 from cpbench.workloads.adapter import WorkloadError
 from cpbench.workloads.base import Workload
 
 
-def under_torchrun() -> bool:
-    return "TORCHELASTIC_RUN_ID" in os.environ or ("RANK" in os.environ and "WORLD_SIZE" in os.environ)
-
-
-def _check_environment(settings: BenchConfig, cp: int) -> None:
-    if under_torchrun():
-        world = int(os.environ["WORLD_SIZE"])
-        if world != cp:
-            raise ConfigError(
-                f"topology.cp={cp}: torchrun started {world} rank(s); give them the same number"
-            )
-        local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
-    else:
-        local = cp
-    if pick_backend(settings.dist.backend) == "nccl":
-        import torch
-
-        visible = torch.cuda.device_count()
-        if local > visible:
-            raise ConfigError(
-                f"topology.cp={cp}: needs {local} GPUs on this node, {visible} visible (one rank per GPU)"
-            )
-
-
-def check_runs_of_its_own(settings: BenchConfig) -> None:
+def check_runs_of_its_own(settings: BenchConfig, launcher: Launcher | None = None) -> None:
     """mode=accuracy and repeat_check start runs of their own (the cp=1 reference, the repeats), which
-    only the process that launches the ranks can."""
+    only a launcher that starts runs from this process can."""
     asked = [
         name
         for name, on in (
@@ -55,11 +31,11 @@ def check_runs_of_its_own(settings: BenchConfig) -> None:
         )
         if on
     ]
-    where = "slurm.enabled=true" if settings.slurm.enabled else "torchrun" if under_torchrun() else None
-    if asked and where:
+    launcher = launcher or launcher_for(settings)
+    if asked and not launcher.starts_runs:
         raise ConfigError(
             f"{asked[0]}: it launches runs of its own (cp=1, repeats); "
-            f"run it with `python -m cpbench`, not {where}"
+            f"run it with `python -m cpbench`, not {launcher.named}"
         )
 
 
@@ -76,29 +52,6 @@ def _check_unused_overrides(settings: BenchConfig) -> None:
             )
 
 
-def in_submitit_job() -> bool:
-    return "SUBMITIT_EXECUTOR" in os.environ
-
-
-def _job_tasks_as_ranks(cp: int) -> None:
-    """Under a submitit Hydra launcher every task of a job runs the whole job. One task launches the
-    job's own cp ranks (so one executor config fits every cp of a sweep); exactly cp tasks are the
-    ranks themselves, taking their torch.distributed environment from the job."""
-    if not in_submitit_job() or under_torchrun():
-        return
-    import submitit
-
-    tasks = submitit.JobEnvironment().num_tasks
-    if tasks == 1:
-        return
-    if tasks != cp:
-        raise ConfigError(
-            f"topology.cp={cp}: this submitit job has {tasks} tasks; give each job one task "
-            "(hydra.launcher.tasks_per_node=1, nodes=1: it launches its own ranks) or exactly cp tasks"
-        )
-    submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False, overwrite=True)
-
-
 def _build_workload(settings: BenchConfig) -> Workload:
     """Built here first so that a bad workload fails before any rank starts."""
     try:
@@ -112,17 +65,23 @@ def _build_workload(settings: BenchConfig) -> Workload:
         ) from None
 
 
-def checked(cfg: DictConfig) -> tuple[BenchConfig, Topology, Workload]:
-    """The run's typed settings, topology and workload, or a ConfigError naming what is wrong."""
+@dataclass(frozen=True)
+class CheckedRun:
+    """A run that may start: its typed settings, topology, workload, and the launcher of its ranks."""
+
+    settings: BenchConfig
+    topology: Topology
+    workload: Workload
+    launcher: Launcher
+
+
+def checked_run(cfg: DictConfig, in_sweep: bool = False) -> CheckedRun:
+    """The run of `cfg` (`in_sweep`: a job of a multirun), or a ConfigError naming what is wrong."""
     settings = to_settings(cfg)
     topology = validate(settings)
-    if settings.slurm.enabled:
-        slurm.layout(topology.cp, settings.slurm)
-    else:
-        _job_tasks_as_ranks(topology.cp)
-        if not settings.probe.predict_only:  # the estimate alone needs no devices
-            _check_environment(settings, topology.cp)
-    check_runs_of_its_own(settings)
+    launcher = launcher_for(settings, in_sweep)
+    launcher.validate(topology, ranks_run=not settings.probe.predict_only)  # the estimate alone: no ranks
+    check_runs_of_its_own(settings, launcher)
     _check_unused_overrides(settings)
     workload = _build_workload(settings)
     if settings.workflow is Workflow.convergence and getattr(workload, "contract", "native") != "native":
@@ -130,4 +89,10 @@ def checked(cfg: DictConfig) -> tuple[BenchConfig, Topology, Workload]:
     check_topology = getattr(workload, "check_topology", None)
     if callable(check_topology):
         check_topology(topology)
-    return settings, topology, workload
+    return CheckedRun(settings, topology, workload, launcher)
+
+
+def checked(cfg: DictConfig) -> tuple[BenchConfig, Topology, Workload]:
+    """The run's typed settings, topology and workload, or a ConfigError naming what is wrong."""
+    run = checked_run(cfg)
+    return run.settings, run.topology, run.workload

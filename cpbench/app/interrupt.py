@@ -4,12 +4,11 @@ from the rows so far, one line, exit 128 + the signal."""
 from __future__ import annotations
 
 import contextlib
-import os
 import signal
 import sys
 from collections.abc import Iterator
 
-from cpbench.launch.outcome import close_failed
+from cpbench.app.outcome import close_failed
 from cpbench.probe.in_flight import WorkInFlight
 from cpbench.results.folder import RunFolder
 
@@ -42,12 +41,13 @@ def in_flight(folder: RunFolder) -> str | None:
     return WorkInFlight(folder).where()
 
 
-def close_interrupted(folder: RunFolder, cp: int, stop: BaseException) -> int:
+def close_interrupted(folder: RunFolder, cp: int, stop: BaseException, leads: bool) -> int:
     """Close an interrupted run: its point in flight marked `interrupted` (measured again on resume,
-    not counted as a crash), the report written from the rows so far, failure.json; one line."""
+    not counted as a crash), the report written from the rows so far, failure.json; one line. Only
+    the process that `leads` the run closes it (under torchrun, rank 0)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C does not cut the closing short
     signum = getattr(stop, "signum", None) or getattr(stop, "sigval", None) or signal.SIGINT
-    if os.environ.get("RANK", "0") != "0":  # under torchrun: rank 0 closes the run
+    if not leads:
         return 128 + signum
     where = WorkInFlight(folder).interrupt()
     where = f"at {where}" if where else ("between points" if folder.results.exists() else "at start-up")

@@ -3,8 +3,6 @@ instead of ending the sweep, its turn on a machine shared with the other jobs.""
 
 from __future__ import annotations
 
-import contextlib
-import os
 import sys
 import traceback
 from pathlib import Path
@@ -14,7 +12,9 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from cpbench.app.campaign import run
-from cpbench.launch.outcome import close_failed
+from cpbench.app.outcome import close_failed
+from cpbench.launch.registry import leads_here
+from cpbench.launch.slurm import hydra_job_turn
 from cpbench.results.folder import RunFolder
 
 
@@ -34,18 +34,6 @@ def plan_run(cfg: DictConfig) -> int:
         return 1
 
 
-def local_turn(job_dir: Path) -> contextlib.AbstractContextManager:
-    """submitit_local starts every job of a sweep at once, on the same cores: each job (its first task:
-    a job's tasks may be its ranks, which must start together) waits its turn on the sweep folder."""
-    if os.environ.get("SUBMITIT_EXECUTOR") != "local":
-        return contextlib.nullcontext()
-    import submitit
-
-    if submitit.JobEnvironment().global_rank != 0:
-        return contextlib.nullcontext()
-    return RunFolder(job_dir.parent).turn()
-
-
 def run_job(cfg: DictConfig, job_dir: Path) -> None:
     """One job of a multirun. Every job of the sweep shares one cp=1 baseline, cached in the sweep
     folder (cfg.output_dir); its failure is recorded in its own folder instead of ending the sweep,
@@ -53,14 +41,14 @@ def run_job(cfg: DictConfig, job_dir: Path) -> None:
     baseline_root = Path(cfg.output_dir).resolve()
     cfg.output_dir = str(job_dir)
     try:
-        with local_turn(job_dir):
+        with hydra_job_turn(job_dir):
             code = run(cfg, in_sweep=True, baseline_root=baseline_root)
         if code >= 128:  # interrupted: the sweep stops too
             raise SystemExit(code)
     except Exception as err:  # a rank of this process raised: record it like any failed job
         error = f"{type(err).__name__}: {err}".strip().splitlines()[0]
         folder, detail, cp = RunFolder(job_dir), traceback.format_exc(limit=-4), cfg.topology.cp
-        if os.environ.get("RANK", "0") == "0":
+        if leads_here():
             close_failed(folder, cp, "error", error, 1, detail, first=True)
         else:
             folder.record_failure(1, error, detail, first=True, cp=cp)

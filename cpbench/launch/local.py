@@ -1,11 +1,11 @@
-"""Launch `cp` ranks on this machine through torch's elastic launch API and wait for them."""
+"""The local launcher: `cp` ranks on this machine through torch's elastic launch API (rendezvous on a
+free localhost port), relaunched after a crash; or one rank in this process (cp=1 outside a sweep)."""
 
 from __future__ import annotations
 
 import json
 import logging
 import signal
-import sys
 import tempfile
 import uuid
 from dataclasses import dataclass
@@ -16,37 +16,66 @@ from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
+from cpbench.core import DoesNotFit, Topology
+from cpbench.launch.base import (
+    Finished,
+    Launcher,
+    Notify,
+    RankFailure,
+    Restarting,
+    ShapeDoesNotFit,
+    check_gpus,
+    is_consequence,
+)
 from cpbench.measure.point import OutOfMemoryAlone
 from cpbench.rank import RunSpec, run_rank
 from cpbench.results.folder import RunFolder
+from cpbench.settings.schema import BenchConfig
+from cpbench.workloads.base import Workload
 
 
-@dataclass
-class RankFailure(Exception):
-    """A rank failed: which one, why, and the head of its traceback."""
+@dataclass(frozen=True)
+class LocalSettings:
+    """The local launcher's settings: how many ranks, how often they relaunch, and whether one rank
+    runs in this very process (cp=1 outside a sweep: in a sweep every job's ranks are processes of
+    their own, so that one job leaves nothing behind in the next)."""
 
-    rank: int
-    reason: str
-    traceback: str
-    crashed: bool  # killed, or lost to a dead peer or a collective timeout, rather than raising
-
-    def __str__(self) -> str:
-        return f"rank {self.rank} {'crashed' if self.crashed else 'failed'}: {self.reason}"
-
-    @property
-    def error_type(self) -> str:
-        """The name of the exception the rank raised ('' when it was killed)."""
-        head, _, _ = self.reason.partition(":")
-        return head if head.isidentifier() else ""
-
-    @property
-    def message(self) -> str:
-        """The rank's error message without its exception's name."""
-        return self.reason.removeprefix(f"{self.error_type}:").strip() if self.error_type else self.reason
+    cp: int
+    max_restarts: int
+    in_process: bool
+    backend: str | None
 
 
-# Messages of ranks that failed only because a peer had died first.
-_CONSEQUENCES = ("closed by peer", "reset by peer", "remote worker", "socket timeout", "timed out")
+class LocalLauncher(Launcher):
+    """The default: cpbench starts the ranks itself, on this machine."""
+
+    def __init__(self, settings: LocalSettings):
+        self.settings = settings
+
+    @classmethod
+    def chosen(cls, settings: BenchConfig) -> bool:
+        return True  # the last in the registry: what runs when no other launcher is chosen
+
+    @classmethod
+    def from_settings(cls, settings: BenchConfig, in_sweep: bool) -> LocalLauncher:
+        cp = settings.topology.cp
+        return cls(LocalSettings(cp, settings.launch.max_restarts, cp == 1 and not in_sweep,
+                                 settings.dist.backend))  # fmt: skip
+
+    def validate(self, topology: Topology, ranks_run: bool = True) -> None:
+        if ranks_run:
+            check_gpus(self.settings.backend, topology.cp, topology.cp)
+
+    def start(self, spec: RunSpec, workload: Workload | None, notify: Notify) -> Finished:
+        """Raises ShapeDoesNotFit (a run of one fixed shape out of memory) or RankFailure."""
+        try:
+            if self.settings.in_process:
+                run_rank(spec, workload)
+            else:
+                launch_local(spec, self.settings.cp, self.settings.max_restarts, notify)
+        except DoesNotFit as err:  # in this process
+            raise ShapeDoesNotFit(str(err)) from None
+        return Finished()
 
 
 def _reported(err: ChildFailedError) -> dict[int, tuple[Any, int]]:
@@ -73,8 +102,7 @@ def _failure(err: ChildFailedError) -> RankFailure:
 
     def consequence(rank: int) -> bool:
         message = reported[rank][0]
-        text = message.get("message", "") if isinstance(message, dict) else str(message)
-        return any(c in text.lower() for c in _CONSEQUENCES)
+        return is_consequence(message.get("message", "") if isinstance(message, dict) else str(message))
 
     rank = min(reported, key=lambda r: (consequence(r), r))
     message, exitcode = reported[rank]
@@ -87,14 +115,17 @@ def _failure(err: ChildFailedError) -> RankFailure:
     return RankFailure(rank, str(message or f"exit code {exitcode}"), "", crashed=True)
 
 
-def launch_local(spec: RunSpec, nprocs: int, max_restarts: int = 0) -> None:
+def launch_local(spec: RunSpec, nprocs: int, max_restarts: int, notify: Notify) -> None:
     """Run `run_rank(spec)` in `nprocs` local processes. When a rank crashes (killed, or stuck
     behind a dead peer until the collective timeout) relaunch them all, up to `max_restarts` times:
-    the run resumes from its persisted state. A rank that raises ends the job: raise RankFailure."""
+    the run resumes from its persisted state. A rank that raises ends the job: raise RankFailure, or
+    ShapeDoesNotFit when what it raised was DoesNotFit (a run of one fixed shape out of memory)."""
     for restart in range(max_restarts + 1):
         try:
             return _launch_once(spec, nprocs)
         except RankFailure as failure:
+            if failure.error_type == DoesNotFit.__name__:
+                raise ShapeDoesNotFit(failure.message) from None
             if not failure.crashed or restart == max_restarts:
                 raise
             again = f"restart {restart + 1} of {max_restarts}"
@@ -102,7 +133,7 @@ def launch_local(spec: RunSpec, nprocs: int, max_restarts: int = 0) -> None:
                 line = f"rank {failure.rank}: {failure.message}; recorded as oom, the ranks restart to go on"
             else:
                 line = f"{failure}; relaunching, the run resumes"
-            print(f"cpbench: {line} ({again})", file=sys.stderr)
+            notify(Restarting(f"{line} ({again})"))
 
 
 def _launch_once(spec: RunSpec, nprocs: int) -> None:

@@ -67,7 +67,7 @@ class ResultRow:
     baseline_gib: float | None = None
     error: str = ""
     # "" for a row this run measured; "baseline" for a row of the cp=1 baseline copied in beside it
-    # (cpbench/launch/baseline.py): never resumed as this run's point, compared against in the readout.
+    # (cpbench/app/baseline.py): never resumed as this run's point, compared against in the readout.
     source: str = ""
     # Settings a workload records in each of its rows (its optional `columns` hook), after these.
     extra: dict[str, Any] = field(default_factory=dict)

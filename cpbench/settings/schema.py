@@ -229,7 +229,7 @@ class BenchConfig:
     experiment: Any = None
     seed: int = 0
     # Measure the same workload at cp=1 under the same per-rank budget beside a CP run, cached by
-    # config in output_dir/baseline/ (cpbench/launch/baseline.py).
+    # config in output_dir/baseline/ (cpbench/app/baseline.py).
     baseline: bool = True
     # The real job the benchmark stands for: a YAML of cpbench settings, for the what-changed table.
     job: str | None = None

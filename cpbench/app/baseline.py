@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from cpbench.core import DoesNotFit
-from cpbench.launch.local import RankFailure, launch_local
-from cpbench.launch.outcome import close_failed
+from cpbench.app.outcome import close_failed
+from cpbench.launch.base import Notify, RankFailure, ShapeDoesNotFit
+from cpbench.launch.local import LocalLauncher, LocalSettings
 from cpbench.rank import RunSpec, walltime_points
 from cpbench.record import run_record
 from cpbench.results.folder import RunFolder
@@ -29,11 +29,9 @@ from cpbench.settings.schema import BenchConfig, Mode, Workflow
 
 
 def plan(settings: BenchConfig) -> BenchConfig | None:
-    """The baseline's settings (`cp1_settings`), or None when the run has none: its ranks are not
-    launched here (SLURM), or, in speed mode, it is off or the run is itself cp=1. mode=accuracy always
-    has one: its points are checked against it."""
-    if settings.slurm.enabled:
-        return None
+    """The baseline's settings (`cp1_settings`), or None when the run has none: in speed mode, it is
+    off or the run is itself cp=1. mode=accuracy always has one: its points are checked against it.
+    (Only a launcher that starts runs from this process starts it: `Launcher.starts_runs`.)"""
     if settings.mode is not Mode.accuracy and (not settings.baseline or settings.topology.cp == 1):
         return None
     return cp1_settings(settings)
@@ -71,10 +69,10 @@ def _complete(folder: RunFolder, base: BenchConfig) -> bool:
     return not base.probe.enabled or any(key.startswith("max-fit:") for key in done)
 
 
-def run_baseline(settings: BenchConfig, root: Path) -> RunFolder | None:
+def run_baseline(settings: BenchConfig, root: Path, notify: Notify) -> RunFolder | None:
     """Measure the baseline of `settings` in its cache folder unless it is there already (a run that
-    stopped part-way resumes), as one rank in its own process; return its folder, or None when the
-    run has no baseline or it failed (the CP run goes on without it)."""
+    stopped part-way resumes), as one rank in its own process (the local launcher's); return its
+    folder, or None when the run has no baseline or it failed (the CP run goes on without it)."""
     base = plan(settings)
     if base is None:
         return None
@@ -86,12 +84,13 @@ def run_baseline(settings: BenchConfig, root: Path) -> RunFolder | None:
     with folder.lock():
         folder.clear_failure()
         try:
-            launch_local(RunSpec(settings=base, output_dir=str(folder.root)), 1, base.launch.max_restarts)
+            alone = LocalSettings(1, base.launch.max_restarts, in_process=False, backend=base.dist.backend)
+            LocalLauncher(alone).start(RunSpec(settings=base, output_dir=str(folder.root)), None, notify)
+        except ShapeDoesNotFit as failure:  # what CP is for: the CP run may fit it
+            close_failed(folder, 1, "oom", failure.message)
+            print(f"cpbench: the cp=1 baseline: {failure.message}; going on without it", file=sys.stderr)
+            return None
         except RankFailure as failure:
-            if failure.error_type == DoesNotFit.__name__:  # what CP is for: the CP run may fit it
-                close_failed(folder, 1, "oom", failure.message)
-                print(f"cpbench: the cp=1 baseline: {failure.message}; going on without it", file=sys.stderr)
-                return None
             close_failed(folder, 1, "crashed" if failure.crashed else "error", str(failure))
             print(f"cpbench: the cp=1 baseline failed ({failure}); going on without it", file=sys.stderr)
             return None
@@ -115,10 +114,10 @@ def baseline_rows(folder: RunFolder, settings: BenchConfig) -> pd.DataFrame:
     return rows.assign(source=BASELINE, config_hash=config_hash(settings))
 
 
-def attach_baseline(run: RunFolder, settings: BenchConfig, root: Path) -> RunFolder | None:
+def attach_baseline(run: RunFolder, settings: BenchConfig, root: Path, notify: Notify) -> RunFolder | None:
     """Run (or find) the baseline of `settings` and put its rows into `run`'s results.csv, replacing
     any it held; the baseline's folder, or None."""
-    folder = run_baseline(settings, root)
+    folder = run_baseline(settings, root, notify)
     if folder is not None and compared(settings):
         run.set_baseline(baseline_rows(folder, settings), config_hash(settings))
     return folder

@@ -1,4 +1,4 @@
-"""How a run that did not finish is closed, the same from the local launcher, SLURM and the app:
+"""How a run that did not finish is closed, the same after every launcher (local, torchrun, SLURM):
 its point in flight recorded, the report written from the rows so far, failure.json kept."""
 
 from __future__ import annotations

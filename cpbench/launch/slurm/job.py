@@ -1,0 +1,84 @@
+"""One cpbench run as one SLURM job through submitit: the executor, and what every task runs (one rank
+that takes its torch.distributed environment from the job).
+
+The job is checkpointable: on timeout submitit calls `checkpoint`, which marks the point being measured
+as interrupted (not broken) and requeues the same callable; SIGTERM (a preemption, scancel) marks it so
+too. The requeued ranks skip every point already in results.csv, so nothing measured is lost or measured
+twice."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import signal
+from dataclasses import asdict
+
+import submitit
+from submitit.helpers import Checkpointable, DelayedSubmission, TorchDistributedEnvironment
+
+from cpbench.launch.slurm.layout import executor_parameters, layout
+from cpbench.launch.slurm.quiet import log_submitit_to
+from cpbench.probe.in_flight import WorkInFlight
+from cpbench.rank import RunSpec, run_rank
+from cpbench.results.folder import RunFolder
+from cpbench.settings.schema import BenchConfig
+
+
+def build_executor(cfg: BenchConfig, folder: RunFolder, cp: int) -> submitit.AutoExecutor:
+    cluster = cfg.slurm.cluster
+    executor = submitit.AutoExecutor(
+        folder=folder.slurm_job("%j"),
+        cluster=cluster,
+        **{f"{cluster}_max_num_timeout": cfg.slurm.max_requeues},
+    )
+    executor.update_parameters(**executor_parameters(cfg, cp))
+    return executor
+
+
+def interrupt(folder: RunFolder) -> None:
+    """The point (or probe step) being measured was interrupted, not broken: the requeued job (or the
+    next run) measures it again, and does not count it as a crash."""
+    WorkInFlight(folder).interrupt()
+
+
+class SlurmRanks(Checkpointable):
+    """What every task of the job runs: export the torch.distributed environment of this task
+    (rank, world size, master address and port from SLURM's variables), then run one rank."""
+
+    def __call__(self, spec: RunSpec) -> None:
+        # Every rank sees all GPUs of its node and picks cuda:LOCAL_RANK, as under torchrun.
+        env = TorchDistributedEnvironment().export(set_cuda_visible_devices=False, overwrite=True)
+        # After submitit's own handlers, which let SIGTERM pass (it waits for USR2 to checkpoint).
+        signal.signal(signal.SIGTERM, functools.partial(_end_interrupted, spec.output_dir, env.rank))
+        run_rank(spec)
+
+    def checkpoint(self, spec: RunSpec) -> DelayedSubmission:
+        """Called on task 0 when the job is timed out or preempted, just before it is requeued."""
+        interrupt(RunFolder(spec.output_dir))
+        return DelayedSubmission(self, spec)
+
+
+def _end_interrupted(output_dir: str, rank: int, signum: int, frame: object) -> None:
+    """SLURM ends a job's tasks with SIGTERM, then SIGKILL `KillWait` later: `scontrol requeue` (a
+    preemption), scancel, a time limit reached. Each is an interruption; rank 0 marks the point in
+    flight so, and every rank leaves at once (a rank that went on could start the next point)."""
+    if rank == 0:
+        interrupt(RunFolder(output_dir))
+    logging.shutdown()
+    os._exit(128 + signum)
+
+
+def submit(spec: RunSpec, cp: int) -> submitit.Job:
+    """Submit the run as one job; note its id under output_dir/slurm for reports and people."""
+    folder, cfg = RunFolder(spec.output_dir), spec.settings
+    log_submitit_to(folder.slurm / "submitit.log")
+    job = build_executor(cfg, folder, cp).submit(SlurmRanks(), spec)
+    note = {
+        "job_id": job.job_id,
+        "cluster": cfg.slurm.cluster,
+        "layout": asdict(layout(cp, cfg.slurm)),
+        "folder": str(folder.slurm_job(job.job_id)),
+    }
+    folder.write_json(folder.submitted, note)
+    return job

@@ -1,0 +1,81 @@
+"""The torchrun launcher: someone else started the ranks (`torchrun -m cpbench`), and this process is
+one of them. The only module that reads torchrun's environment."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from cpbench.core import ConfigError, Topology
+from cpbench.launch.base import Finished, Launcher, Notify, check_gpus
+from cpbench.rank import RunSpec, run_rank
+from cpbench.settings.schema import BenchConfig
+from cpbench.workloads.base import Workload
+
+
+def under_torchrun() -> bool:
+    return "TORCHELASTIC_RUN_ID" in os.environ or ("RANK" in os.environ and "WORLD_SIZE" in os.environ)
+
+
+def leads_here() -> bool:
+    """This process is rank 0 of its world, or no rank of one at all: it owns the run folder."""
+    return os.environ.get("RANK", "0") == "0"
+
+
+@dataclass(frozen=True)
+class World:
+    """The world this rank belongs to, as its starter exported it (torch.distributed's variables)."""
+
+    rank: int
+    size: int
+    local_size: int  # ranks on this node
+
+    @classmethod
+    def here(cls) -> World:
+        size = int(os.environ.get("WORLD_SIZE", "1"))
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", size))
+        return cls(int(os.environ.get("RANK", "0")), size, local)
+
+
+class TorchrunLauncher(Launcher):
+    """Each process is one rank: it runs its rank here and returns. Runs of their own (the baseline,
+    accuracy's reference, repeat_check) cannot start from a rank."""
+
+    named = "torchrun"
+
+    def __init__(self, backend: str | None):
+        self.backend = backend
+
+    @classmethod
+    def chosen(cls, settings: BenchConfig) -> bool:
+        return under_torchrun()
+
+    @classmethod
+    def from_settings(cls, settings: BenchConfig, in_sweep: bool) -> TorchrunLauncher:
+        return cls(settings.dist.backend)
+
+    @property
+    def world(self) -> World:
+        return World.here()
+
+    def validate(self, topology: Topology, ranks_run: bool = True) -> None:
+        if not ranks_run:
+            return
+        world = self.world
+        if world.size != topology.cp:
+            raise ConfigError(
+                f"topology.cp={topology.cp}: torchrun started {world.size} rank(s); give them the same number"
+            )
+        check_gpus(self.backend, topology.cp, world.local_size)
+
+    @property
+    def leads(self) -> bool:
+        return self.world.rank == 0
+
+    @property
+    def starts_runs(self) -> bool:
+        return False
+
+    def start(self, spec: RunSpec, workload: Workload | None, notify: Notify) -> Finished:
+        run_rank(spec, workload)
+        return Finished()
