@@ -33,8 +33,8 @@ class DevicePeak:
     `tflops` None on an unknown device; `gemm` the CPU GEMM measurement behind a CPU figure."""
 
     tflops: float | None
-    precision: str
-    source: str
+    precision: str | None = None  # None: not recorded (a run.json that lacks it reads too)
+    source: str | None = None
     gemm: dict[str, Any] | None = None
 
 
