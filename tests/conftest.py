@@ -38,7 +38,8 @@ def run_cmd(
     cmd: list[str], cwd: Path, timeout: float = 180, env: dict | None = None
 ) -> subprocess.CompletedProcess:
     """Run in its own session so that on timeout the whole process tree is killed."""
-    full_env = {**os.environ, "PYTHONPATH": str(TESTS), **(env or {})}
+    path = os.pathsep.join(p for p in (str(TESTS), os.environ.get("PYTHONPATH")) if p)  # a checkout's own
+    full_env = {**os.environ, "PYTHONPATH": path, **(env or {})}
     full_env.pop("CPBENCH_OUTPUT_DIR", None) if "CPBENCH_OUTPUT_DIR" not in (env or {}) else None
     proc = subprocess.Popen(
         cmd,
