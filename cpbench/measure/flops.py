@@ -120,6 +120,15 @@ class FlopCount:
         return StepFlops(sum(by_op.values()), dict(by_op), tuple(sorted(self._local.uncounted)))
 
 
+def load_counter() -> None:
+    """Count one small step, for what the counter imports and caches on its first use (tens of MiB
+    on CPU): loaded before the memory cap is set, it is part of the rank's baseline, not of the cap."""
+    with FlopCount():
+        weight = torch.ones(8, 8, requires_grad=True)
+        mixed = torch.nn.functional.linear(weight, weight).softmax(-1)
+        torch.einsum("ij,jk->ik", mixed, weight).sum().backward()
+
+
 def count_step(workload: Workload, model: torch.nn.Module, shape: Shape, ctx: RankContext, train: bool,
                seed: int) -> StepFlops:  # fmt: skip
     """This rank's FLOPs of one step at `shape`: build_batch and run_step (and in native training the

@@ -12,6 +12,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from cpbench.checks import accuracy
 from cpbench.core import Shape
 from cpbench.inputs import input_columns
+from cpbench.measure.budget import cap_lifted
 from cpbench.measure.flops import Counted, count_over_ranks, with_efficiency
 from cpbench.measure.memory import release
 from cpbench.measure.point import OutOfMemoryAlone, PointResult, PointSettings, measure_point
@@ -83,8 +84,9 @@ class Measurer:
         if not s.settings.measure.count_flops:
             return None
         if shape not in self.counted:
-            start, model = time.perf_counter(), self.runner.model
-            counted = count_over_ranks(s.workload, model, shape, s.ctx, s.train, s.settings.seed, s.control)
+            start, model, seed = time.perf_counter(), self.runner.model, s.settings.seed
+            with cap_lifted(s.ctx.device):
+                counted = count_over_ranks(s.workload, model, shape, s.ctx, s.train, seed, s.control)
             self.counted[shape] = counted
             if s.train:
                 self._rebuild_runner()

@@ -11,6 +11,7 @@ from typing import Any
 import torch.distributed as dist
 
 from cpbench.core import RankContext
+from cpbench.measure import flops
 from cpbench.measure.budget import apply_budget, budget_gib
 from cpbench.measure.fault import Fault
 from cpbench.measure.point import Budget, PointSettings, comm_timing
@@ -54,8 +55,10 @@ class RankSession:
         lead = ctx.rank == 0
         heartbeat = logs.Heartbeat(settings.log.heartbeat_s if lead else None)
         mllog = RunLog(folder.mllog if lead else None)
-        budget = memory_budget(settings, ctx)
         peak = broadcast(run_peak(settings, ctx.device), control)  # on CPU every rank's GEMM runs at once
+        if settings.measure.count_flops:
+            flops.load_counter()  # what the counter loads on first use sits under the cap, not in it
+        budget = memory_budget(settings, ctx)
         return cls(settings, ctx, control, folder, workload, budget, heartbeat, mllog, peak)
 
     @property
