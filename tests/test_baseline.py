@@ -88,7 +88,7 @@ def test_the_readout_compares_max_n_and_walltime_against_cp1(runs):
 def test_the_report_links_plots_that_exist(runs):
     out = runs[0] / "cp2"
     links = re.findall(r"!\[[^]]+\]\(([^)]+)\)", (out / "cp_benchmark.md").read_text())
-    assert set(links) == {"cp_benchmark_max_n.png", "cp_benchmark_walltime.png"}
+    assert set(links) == {"cp_benchmark_max_n.png", "cp_benchmark_walltime.png", "cp_benchmark_mfu.png"}
     for link in links:
         assert (out / link).read_bytes().startswith(b"\x89PNG")
 

@@ -11,6 +11,7 @@ BAD = [
     (["sweep.n_tokens=[64,-8]"], "sweep.n_tokens=[64, -8]: entries must be integers > 0"),
     (["shape.msa_depth=-1"], "shape.msa_depth=-1: must be > 0"),
     (["timing.repeats=0"], "timing.repeats=0: must be >= 1"),
+    (["measure.peak_tflops=-1"], "measure.peak_tflops=-1.0: must be > 0"),
     (["topology.cp=0"], "topology.cp=0: must be an integer >= 1"),
     (
         ["topology.kind=2d", "topology.cp=4", "topology.grid=[3,2]"],

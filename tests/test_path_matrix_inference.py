@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from flops_expected import axial_mix_flops, counted
 from path_matrix import (
     assert_checksums_match,
     assert_ran,
@@ -47,3 +48,13 @@ def test_the_probe_answers_the_same_at_every_layout_under_its_cap(cells):
     for name in ("inf_cp1", "inf_1d_base", "inf_1d_alone"):
         fits = cells[name].measured()
         assert fits[fits["kind"] == "max-fit"]["N_tokens"].tolist() == [48], name
+
+
+def test_the_model_flops_of_every_point_are_the_analytic_count(cells):
+    """axial_mix's counted FLOPs, summed over ranks, at cp=1, 1d cp=2 (and its baseline) and 2x2."""
+    for name in ("inf_cp1", "inf_1d_base", "inf_2d_acc"):
+        rows = cells[name].rows()
+        rows = rows[(rows["status"] == "ok") & (rows["kind"] == "point")]  # max-fit rows: probe steps
+        expected = [axial_mix_flops(r.N_tokens, r.grid) for r in rows.itertuples()]
+        assert counted(rows) == expected, name
+        assert rows["mfu"].gt(0).all() and rows["tflops_per_rank"].gt(0).all(), name

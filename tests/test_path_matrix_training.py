@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 import pytest
+from flops_expected import axial_mix_flops, counted
 from omegaconf import OmegaConf
 from path_matrix import (
     assert_checksums_match,
@@ -59,3 +60,12 @@ def test_convergence_with_its_baseline_is_compared_with_the_baseline_curve(cells
     [baseline] = (cell.out / "baseline").iterdir()
     summary = OmegaConf.to_container(OmegaConf.load(cell.out / "run.json"))["convergence"]
     assert summary["reference"] == str(baseline / "convergence.csv")
+
+
+def test_a_training_step_counts_forward_and_backward(cells):
+    """Each linear's backward is two products the size of its forward: 3x the forward's FLOPs, at 2x2
+    and in its cp=1 baseline."""
+    rows = cells["train_2d_base"].rows()
+    rows = rows[(rows["status"] == "ok") & (rows["kind"] == "point")]  # max-fit rows: probe steps
+    assert set(rows["cp"]) == {1, 4}
+    assert counted(rows) == [3 * axial_mix_flops(r.N_tokens, r.grid) for r in rows.itertuples()]

@@ -4,8 +4,11 @@ or on CPU an RLIMIT_DATA set over the rank's baseline after start-up."""
 from __future__ import annotations
 
 import ctypes
+import gc
 import re
 import resource
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -59,3 +62,21 @@ def lift_budget(device: torch.device) -> None:
         return
     _, hard = resource.getrlimit(resource.RLIMIT_DATA)
     resource.setrlimit(resource.RLIMIT_DATA, (hard, hard))
+
+
+@contextmanager
+def cap_lifted(device: torch.device) -> Iterator[None]:
+    """The cap off for work that is no measured step (counting FLOPs on fake tensors: its Python
+    objects would count against a CPU cap), then back at the same limit, what that work freed given
+    back first. Fake tensors hold no device memory, so a CUDA cap stays."""
+    if device.type == "cuda":
+        yield
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_DATA)
+    resource.setrlimit(resource.RLIMIT_DATA, (hard, hard))
+    try:
+        yield
+    finally:
+        gc.collect()
+        ctypes.CDLL(None).malloc_trim(0)
+        resource.setrlimit(resource.RLIMIT_DATA, (soft, hard))

@@ -55,6 +55,10 @@ class PointResult:
     optimizer_ms: float | None = None
     comm_ms: float | None = None  # median over repeats of the largest per-rank time in collectives
     comm_mib_per_step: float | None = None  # max over ranks of MiB sent per step
+    model_tflop: float | None = None  # the step's counted FLOPs over all ranks (measure/flops.py)
+    tflops_per_rank: float | None = None
+    mfu: float | None = None
+    flops_uncounted: str = ""  # ops outside aten the counter could not see into
     checksum: float | None = None  # float64 sum of the first step's output over all ranks
     loss: float | None = None  # native training: the first step's loss (the sum of the ranks' shares)
     grad_norm: float | None = None  # mode=accuracy, native training: see StepRunner.grad_norm

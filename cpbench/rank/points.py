@@ -4,6 +4,7 @@ step runner it runs on, each row's identity, rank 0's records of every measured 
 from __future__ import annotations
 
 import dataclasses
+import time
 from dataclasses import replace
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -11,6 +12,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from cpbench.checks import accuracy
 from cpbench.core import Shape
 from cpbench.inputs import input_columns
+from cpbench.measure.budget import cap_lifted
+from cpbench.measure.flops import Counted, count_over_ranks, with_efficiency
 from cpbench.measure.memory import release
 from cpbench.measure.point import OutOfMemoryAlone, PointResult, PointSettings, measure_point
 from cpbench.measure.step import StepRunner
@@ -42,6 +45,7 @@ class Measurer:
             self.reference = accuracy.reference_rows(baseline, config_hash(cp1_settings(session.settings)))
         self.done: set[str] = set()  # the row keys of this configuration measured, by any run
         self.largest: tuple[Shape, PointResult] | None = None  # the largest point measured, ok
+        self.counted: dict[Shape, Counted] = {}  # model FLOPs by shape (measure.count_flops)
 
     def _build_runner(self) -> StepRunner:
         s = self.session
@@ -73,6 +77,26 @@ class Measurer:
             self._rebuild_runner()
         return result
 
+    def count(self, shape: Shape) -> Counted | None:
+        """The step's model FLOPs at this shape over all ranks (measure.count_flops), counted on fake
+        tensors once per shape; a training trace leaves fake gradients, so the model is built again."""
+        s = self.session
+        if not s.settings.measure.count_flops:
+            return None
+        if shape not in self.counted:
+            start, model, seed = time.perf_counter(), self.runner.model, s.settings.seed
+            with cap_lifted(s.ctx.device):
+                counted = count_over_ranks(s.workload, model, shape, s.ctx, s.train, seed, s.control)
+            self.counted[shape] = counted
+            if s.train:
+                self._rebuild_runner()
+            if s.lead and counted.error:
+                LOG.warning("N=%d: FLOPs not counted (%s)", shape.n_tokens, counted.error)
+            elif s.lead:
+                LOG.info("N=%d: %.6g model TFLOP per step, counted in %.2f s (fake tensors, untimed)",
+                         shape.n_tokens, counted.flops / 1e12, time.perf_counter() - start)  # fmt: skip
+        return self.counted[shape]
+
     def row(self, shape: Shape, kind: str, repeats: int, prediction: Prediction | None) -> ResultRow:
         """The identity of a point's row: what it is and how it is measured."""
         s = self.session
@@ -98,9 +122,11 @@ class Measurer:
         if s.lead:
             s.folder.in_flight.start(row.as_dict())
         s.heartbeat.now(f"N={shape.n_tokens}: {settings.warmup} warm-up and {settings.repeats} timed step(s)")
+        counted = self.count(shape)  # outside the timed steps: fake tensors, once per shape
         result = self.step(
             shape, replace(settings, warmup=max(0, settings.warmup - 2)) if warmed else settings
         )
+        result = with_efficiency(result, counted, s.ctx.world_size, s.peak.tflops)
         self.done.add(row.key)  # the probe's answer at a point's N reuses its row
         if result.status == "ok" and (self.largest is None or shape.n_tokens >= self.largest[0].n_tokens):
             self.largest = (shape, result)

@@ -11,12 +11,14 @@ from typing import Any
 import torch.distributed as dist
 
 from cpbench.core import RankContext
+from cpbench.measure import flops
 from cpbench.measure.budget import apply_budget, budget_gib
 from cpbench.measure.fault import Fault
 from cpbench.measure.point import Budget, PointSettings, comm_timing
 from cpbench.record import metadata, run_record
 from cpbench.record.mllog import RunLog
-from cpbench.record.run_record import Change, MemoryCap
+from cpbench.record.peaks import Peak, run_peak
+from cpbench.record.run_record import Change, DevicePeak, MemoryCap
 from cpbench.results.folder import RunFolder
 from cpbench.runtime import logs
 from cpbench.runtime.logs import LOG
@@ -43,6 +45,7 @@ class RankSession:
     budget: Budget | None  # the per-rank memory cap, applied
     heartbeat: logs.Heartbeat
     mllog: RunLog
+    peak: Peak  # what MFU divides by: every rank has rank 0's
 
     @classmethod
     def open(
@@ -52,7 +55,11 @@ class RankSession:
         lead = ctx.rank == 0
         heartbeat = logs.Heartbeat(settings.log.heartbeat_s if lead else None)
         mllog = RunLog(folder.mllog if lead else None)
-        return cls(settings, ctx, control, folder, workload, memory_budget(settings, ctx), heartbeat, mllog)
+        peak = broadcast(run_peak(settings, ctx.device), control)  # on CPU every rank's GEMM runs at once
+        if settings.measure.count_flops:
+            flops.load_counter()  # what the counter loads on first use sits under the cap, not in it
+        budget = memory_budget(settings, ctx)
+        return cls(settings, ctx, control, folder, workload, budget, heartbeat, mllog, peak)
 
     @property
     def lead(self) -> bool:
@@ -83,9 +90,8 @@ class RankSession:
             int(os.environ.get("LOCAL_WORLD_SIZE", ctx.world_size)), self.config_hash,
         )  # fmt: skip
         cap = MemoryCap(budget and budget.gib, budget and budget.baseline_gib)
-        meta = replace(
-            found, seed=settings.seed, memory=cap, comm_timing=comm_timing(ctx.device, point_settings)
-        )
+        timing, peak = comm_timing(ctx.device, point_settings), DevicePeak(**self.peak.as_json())
+        meta = replace(found, seed=settings.seed, memory=cap, comm_timing=timing, peak=peak)
         run_record.start(self.folder, meta, tuple(what_changed))
         self.mllog.submission(
             meta, self.workload_name, settings.workflow.value, ctx.topology.cp, settings.seed

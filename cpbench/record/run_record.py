@@ -28,6 +28,17 @@ class MemoryCap:
 
 
 @dataclass(frozen=True)
+class DevicePeak:
+    """The dense peak MFU divides by, per rank at the run's precision (cpbench/record/peaks.py);
+    `tflops` None on an unknown device; `gemm` the CPU GEMM measurement behind a CPU figure."""
+
+    tflops: float | None
+    precision: str | None = None  # None: not recorded (a run.json that lacks it reads too)
+    source: str | None = None
+    gemm: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
 class RunMetadata:
     """Where and how the run ran, as the session found it at the start. Fields in the report's order;
     None: not recorded (a CPU run has no GPU state; an older run.json lacks newer fields)."""
@@ -58,6 +69,7 @@ class RunMetadata:
     config_hash: str | None = None
     memory: MemoryCap | None = None  # run.json keeps its two figures at the top level
     commit: str | None = None
+    peak: DevicePeak | None = None  # its own entry in run.json; the efficiency section says it
 
     @property
     def is_oversubscribed(self) -> bool:
@@ -76,18 +88,20 @@ class RunMetadata:
             value = getattr(self, f.name)
             if f.name == "memory" and value is not None:
                 items += [("budget_gib", value.budget_gib), ("baseline_gib", value.baseline_gib)]
-            elif f.name != "memory" and value is not None:
+            elif f.name not in ("memory", "peak") and value is not None:
                 items.append((f.name, value))
         return items
 
     def to_json(self) -> dict[str, Any]:
-        return dict(self.recorded())
+        return {**dict(self.recorded()), **({"peak": asdict(self.peak)} if self.peak else {})}
 
     @classmethod
     def from_json(cls, raw: dict[str, Any]) -> RunMetadata:
         known = _known(cls, raw)
         if "budget_gib" in raw:
             known["memory"] = MemoryCap(raw["budget_gib"], raw.get("baseline_gib"))
+        if raw.get("peak"):
+            known["peak"] = DevicePeak(**_known(DevicePeak, raw["peak"]))
         return cls(**known)
 
 

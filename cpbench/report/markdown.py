@@ -12,6 +12,7 @@ from cpbench.record.run_record import RunRecord
 from cpbench.report.analysis import group_label, like_for_like
 from cpbench.report.sections import (
     capacity,
+    efficiency,
     footprint,
     memory_cap,
     plot_links,
@@ -47,6 +48,8 @@ def render(
     links = plot_links.lines(plots or {})
     if len(results.configurations(frame)) > 1:  # its last block ends in a blank line already
         links = links[1:]
+    else:
+        lines += efficiency.lines(frame, {"": meta})
     return "\n".join([*lines, *repeat_check.lines(record.repeat_check), *links, ""])
 
 
@@ -73,6 +76,7 @@ def render_sweep(
     ]
     for key, group in like_for_like(frame):
         lines += ["", f"## {group_label(key)}", "", "### Readout", "", readout(group)]
+        lines += efficiency.lines(group, {o.name: o.metadata for o in outcomes})
         lines += capacity.lines(group) + walltime.lines(group)
     lines += run_metadata.runs_table([o.name for o in outcomes], metas)
     lines += ["", "## All rows", ""]

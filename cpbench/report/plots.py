@@ -1,5 +1,5 @@
 """The CP curve as PNGs beside the report: max N vs cp against the ideal for memory growing as N^2
-(N growing as sqrt(cp)), and walltime vs N per cp. One panel per like-for-like group."""
+(N growing as sqrt(cp)), walltime vs N per cp and MFU vs N per cp. One panel per like-for-like group."""
 
 from __future__ import annotations
 
@@ -102,6 +102,25 @@ def plot_walltime(frame: pd.DataFrame, path: Path) -> Path | None:
     return path
 
 
+def plot_mfu(frame: pd.DataFrame, path: Path) -> Path | None:
+    """MFU vs N_tokens, one line per (topology, cp); None when no point has an MFU (no count, or the
+    device's peak unknown)."""
+    groups = [(key, ok_points(group)) for key, group in like_for_like(frame)]
+    groups = [(key, ok[ok["mfu"].notna()]) for key, ok in groups if "mfu" in ok.columns]
+    groups = [(key, ok) for key, ok in groups if not ok.empty]
+    if not groups:
+        return None
+    fig, axes = _panels(len(groups))
+    for ax, (key, ok) in zip(axes, groups, strict=True):
+        for (topology, cp), series in ok.groupby(["topology", "cp"], sort=True):
+            by_n = series.groupby("N_tokens")["mfu"].median().sort_index()
+            ax.plot(by_n.index, 100 * by_n, marker="o", label=f"{topology} cp={cp}")
+        _log2_axis(ax, list(ok["N_tokens"]))
+        _label(ax, "N_tokens", "MFU % (achieved / peak per rank)", key)
+    fig.savefig(path, dpi=110)
+    return path
+
+
 Plotter = Callable[[pd.DataFrame, Path], Path | None]
 
 
@@ -109,6 +128,7 @@ def _run_plots(folder: RunFolder) -> tuple[tuple[str, Path, Plotter], ...]:
     return (
         ("max N_tokens vs cp against the sqrt(cp) ideal", folder.max_n_plot, plot_max_n),
         ("walltime vs N_tokens per cp", folder.walltime_plot, plot_walltime),
+        ("MFU vs N_tokens per cp", folder.mfu_plot, plot_mfu),
     )
 
 

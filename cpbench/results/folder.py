@@ -43,6 +43,7 @@ class RunFolder:
     CONVERGENCE_PLOT = "convergence.png"
     MAX_N_PLOT = "cp_benchmark_max_n.png"  # the report's plots (a sweep folder's merged report too)
     WALLTIME_PLOT = "cp_benchmark_walltime.png"
+    MFU_PLOT = "cp_benchmark_mfu.png"
     BASELINE = "baseline"  # the cp=1 baseline's run folders, one per configuration: baseline/<key>/
     CHECKPOINTS = "checkpoints"  # one torch.distributed.checkpoint folder per saved step
     MLLOG = "mllog.txt"  # the run in MLPerf's logging format
@@ -118,6 +119,10 @@ class RunFolder:
     @property
     def walltime_plot(self) -> Path:
         return self.root / self.WALLTIME_PLOT
+
+    @property
+    def mfu_plot(self) -> Path:
+        return self.root / self.MFU_PLOT
 
     def baseline_run(self, key: str) -> RunFolder:
         """The cp=1 baseline's run folder for the configuration hashed to `key`."""

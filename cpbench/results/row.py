@@ -39,6 +39,12 @@ class ResultRow:
     backward_ms: float | None = None
     optimizer_ms: float | None = None
     comm_mib_per_step: float | None = None
+    # Model FLOPs of the step over all ranks (counted, docs/measurement.md), the achieved TFLOP/s of one
+    # rank and its MFU (blank where the device's peak is unknown); ops outside aten, not counted.
+    model_tflop: float | None = None
+    tflops_per_rank: float | None = None
+    mfu: float | None = None
+    flops_uncounted: str = ""
     # probe.predict: the fake-tensor estimate of peak_mem_gib (the baseline included, as the measure)
     predicted_peak_gib: float | None = None
     # The quantities that must not change (mode=accuracy checks them against cp=1): native training's

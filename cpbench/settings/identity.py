@@ -39,7 +39,7 @@ PART_OF: dict[str, tuple[str, ...]] = {
     "timing": (ROWS, BASELINE),
     "budget": (BASELINE,),  # the time budget trims the plan, not a point's figures
     "accuracy": (ROWS, BASELINE),
-    "measure": (ROWS, BASELINE),
+    "measure": (ROWS, BASELINE),  # peak_tflops too: a row's mfu divides by it
     "memory": (ROWS, BASELINE),
     "dist": (ROWS, BASELINE),
     "launch": (),  # how ranks start

@@ -136,6 +136,12 @@ class MeasureConfig:
     # comm_ms from the torch profiler's communication events (any model's collectives, at the
     # profiler's overhead) instead of cpbench's ledger, which sees only cpbench.distributed.comm.
     profile_comm: bool = False
+    # Model FLOPs per step counted on fake tensors once per point's shape, outside the timed steps
+    # (model_tflop, tflops_per_rank, mfu); false skips the count (the columns stay blank).
+    count_flops: bool = True
+    # The dense peak TFLOP/s of one rank's device that MFU divides by; null: the datasheet table's for
+    # the device and precision (cpbench/record/peaks.py), or on CPU a GEMM measured before the points.
+    peak_tflops: float | None = None
 
 
 @dataclass

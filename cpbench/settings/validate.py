@@ -53,6 +53,7 @@ def validate(settings: BenchConfig) -> Topology:
         raise ConfigError(f"timing.repeats={timing.repeats}: must be >= 1")
     if timing.warmup < 1:
         raise ConfigError(f"timing.warmup={timing.warmup}: must be >= 1 (the first steps are not timed)")
+    _positive("measure.peak_tflops", settings.measure.peak_tflops, allow_null=True)
     b = settings.budget
     _positive("budget.minutes", b.minutes, allow_null=True)
     if b.min_repeats < 1:

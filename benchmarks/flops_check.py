@@ -1,0 +1,62 @@
+"""The model-FLOP counter and the CPU peak against independent references (docs/measurement.md).
+
+    python benchmarks/flops_check.py [--n-tokens 256] [--gemm 512] [--rounds 5]
+
+Counter: one Pairformer block at AlphaFold3's sizes (c_z 128, c_s 384, 4 x 32 triangle heads, 16
+single heads), forward at N tokens on one rank, counted on fake tensors, against the analytic count
+of its matmuls written down in docs/pairformer.md (tests/test_flops.py holds the same formula).
+
+Peak: cpbench's CPU GEMM rate (`record/peaks.py` `measure_gemm`, the one run.json records) against
+torch.utils.benchmark.Timer's median for the same n^3 product on the same threads, interleaved
+round by round.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+from torch.utils.benchmark import Timer
+
+from cpbench.measure.flops import FlopCount
+from cpbench.models.pairformer import PairformerConfig, PairLayout
+from cpbench.models.pairformer.block import PairformerBlock
+from cpbench.record.peaks import measure_gemm
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from test_flops import pairformer_block_flops  # noqa: E402  the formula the test pins
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--n-tokens", type=int, default=256)
+    parser.add_argument("--gemm", type=int, default=512)
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+
+    cfg, n = PairformerConfig(n_blocks=1), args.n_tokens
+    with FlopCount() as count, torch.no_grad():
+        PairformerBlock(cfg)(torch.randn(n, cfg.c_s), torch.randn(n, n, cfg.c_z), torch.ones(n), PairLayout())
+    counted, analytic = count.result().flops, pairformer_block_flops(n, cfg)
+    print(f"Pairformer block, N={n}: counted {counted:,} FLOPs, analytic {analytic:,} "
+          f"({counted / analytic - 1:+.4%}); by op: {count.result().by_op}")  # fmt: skip
+
+    g = args.gemm
+    a, b, out = torch.randn(g, g), torch.randn(g, g), torch.empty(g, g)
+    timer = Timer("torch.mm(a, b, out=out)", globals=dict(torch=torch, a=a, b=b, out=out),
+                  num_threads=torch.get_num_threads())  # fmt: skip
+    ours, theirs = [], []
+    for _ in range(args.rounds):
+        ours.append(measure_gemm(g, torch.float32).tflops)
+        theirs.append(2 * g**3 / timer.blocked_autorange(min_run_time=0.5).median / 1e12)
+    mine, ref = statistics.median(ours), statistics.median(theirs)
+    print(f"CPU GEMM {g}^3 float32 on {torch.get_num_threads()} thread(s): cpbench {mine * 1e3:.2f} GFLOP/s, "
+          f"torch.utils.benchmark {ref * 1e3:.2f} GFLOP/s ({mine / ref - 1:+.1%}); rounds: "
+          f"{[round(x * 1e3, 2) for x in ours]} vs {[round(x * 1e3, 2) for x in theirs]}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

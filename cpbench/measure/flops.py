@@ -1,0 +1,203 @@
+"""Model FLOPs of one step, counted by `torch.utils.flop_counter.FlopCounterMode` on fake tensors:
+shapes flow through every op, no data is computed, and the timed steps never run under the counter.
+
+A model FLOP is what the counter's registry counts: matrix products (mm, addmm, bmm, baddbmm, the
+einsums and linears that lower to them), convolutions and fused attention, through aten, forward and
+(in training) backward. Elementwise ops, reductions, softmax and the optimizer count nothing. An op
+outside aten (a custom kernel) cannot be seen into: it counts nothing and is named in `uncounted`.
+
+Each rank counts its own share: a DTensor op is left to DTensor, whose local ops are then counted at
+the local shapes, and DTensor's own shape propagation (the op run again at the global shape) is kept
+out; counted at the global shape, every rank would count the whole model.
+Collectives are skipped: the `c10d` ops return a completed work at once (the functional collectives
+have fake kernels of their own), so a rank's count needs no peer and moves no byte.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch._C._distributed_c10d import FakeWork
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor._sharding_prop import ShardingPropagator
+from torch.fx.experimental.symbolic_shapes import ShapeEnv
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+from torch.utils.flop_counter import FlopCounterMode
+
+from cpbench.core import RankContext, Shape
+from cpbench.measure.point import PointResult
+from cpbench.runtime.seed import seed_all
+from cpbench.workloads.base import Contract, Workload
+
+# Operator namespaces whose ops compute nothing a FLOP counter should see, or are counted through.
+_SEEN_THROUGH = frozenset({"aten", "prims", "prim", "c10d", "_c10d_functional", "profiler", "higher_order"})
+
+
+class _SkipCollectives(TorchDispatchMode):
+    """Every `c10d` collective returns its output argument (the first, by the ops' convention) and a
+    completed work, without reaching the backend: fake tensors hold no bytes to send."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+        if func.namespace != "c10d":
+            return func(*args, **(kwargs or {}))
+        returns = [FakeWork().boxed() if "Work" in str(r.type) else args[0] for r in func._schema.returns]
+        return returns[0] if len(returns) == 1 else tuple(returns) if returns else None
+
+
+class _LocalShares(TorchDispatchMode):
+    """Defers a DTensor op to DTensor, so that the counter sees the local ops it runs; names the ops
+    from outside aten that the counter cannot count."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.uncounted: Counter[str] = Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+        if any(issubclass(t, DTensor) for t in types):
+            return NotImplemented
+        if func.namespace not in _SEEN_THROUGH:
+            self.uncounted[str(func.overloadpacket)] += 1
+        return func(*args, **(kwargs or {}))
+
+
+@dataclass(frozen=True)
+class StepFlops:
+    """One rank's counted FLOPs of one step, by aten op, and the ops it could not count."""
+
+    flops: int
+    by_op: dict[str, int] = field(default_factory=dict)
+    uncounted: tuple[str, ...] = ()
+
+
+@contextmanager
+def _dtensor_metadata_uncounted() -> Iterator[None]:
+    """DTensor derives an op's output shape by running it on fake tensors of the global shape, in the
+    fake mode it finds active: ours, under the counter. That run is bookkeeping, not the model's work,
+    so for its duration no mode of ours is active (it makes a fake mode of its own) and it reads real
+    index tensors (its strided shards' offsets), as it does outside a trace."""
+    propagate = ShardingPropagator._propagate_tensor_meta_non_cached
+
+    def outside_the_count(self: ShardingPropagator, *args: Any, **kwargs: Any) -> Any:
+        with _disable_current_modes():
+            return propagate(self, *args, **kwargs)
+
+    ShardingPropagator._propagate_tensor_meta_non_cached = outside_the_count
+    try:
+        yield
+    finally:
+        ShardingPropagator._propagate_tensor_meta_non_cached = propagate
+
+
+class FlopCount:
+    """Counts what runs inside it on fake tensors; `result()` once it has closed."""
+
+    def __init__(self) -> None:
+        self._counter, self._local = FlopCounterMode(display=False), _LocalShares()
+        self._modes = ExitStack()
+
+    def __enter__(self) -> FlopCount:
+        fake = FakeTensorMode(allow_non_fake_inputs=True, shape_env=ShapeEnv())  # symbolic .tolist()
+        self._modes.enter_context(_dtensor_metadata_uncounted())
+        # The last sees an op first: a DTensor op goes to DTensor before another mode of ours sees it.
+        for mode in (fake, self._counter, _SkipCollectives(), self._local):
+            self._modes.enter_context(mode)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._modes.close()
+
+    def result(self) -> StepFlops:
+        by_op: Counter[str] = Counter()
+        for op, flops in self._counter.get_flop_counts().get("Global", {}).items():
+            by_op[str(op)] += int(flops)
+        return StepFlops(sum(by_op.values()), dict(by_op), tuple(sorted(self._local.uncounted)))
+
+
+def load_counter() -> None:
+    """Count one small step, for what the counter imports and caches on its first use (tens of MiB
+    on CPU): loaded before the memory cap is set, it is part of the rank's baseline, not of the cap."""
+    with FlopCount():
+        weight = torch.ones(8, 8, requires_grad=True)
+        mixed = torch.nn.functional.linear(weight, weight).softmax(-1)
+        torch.einsum("ij,jk->ik", mixed, weight).sum().backward()
+
+
+def count_step(workload: Workload, model: torch.nn.Module, shape: Shape, ctx: RankContext, train: bool,
+               seed: int) -> StepFlops:  # fmt: skip
+    """This rank's FLOPs of one step at `shape`: build_batch and run_step (and in native training the
+    backward the driver runs) with the run's model. Every loop of the step runs whole (recycling,
+    sampling steps, chunks), so each counts in proportion to its passes with nothing multiplied. A
+    training trace leaves fake gradients (and, under foldcp, optimizer state) behind: the caller
+    builds the model again before a real step."""
+    contract = Contract(getattr(workload, "contract", Contract.native))
+    with FlopCount() as count:
+        seed_all(seed)
+        batch = workload.build_batch(shape, ctx)
+        with torch.set_grad_enabled(train):
+            out = workload.run_step(model, batch, train)
+        if train and contract is Contract.native and isinstance(out, torch.Tensor) and out.requires_grad:
+            out.backward()
+    return count.result()
+
+
+@dataclass(frozen=True)
+class Counted:
+    """The step's FLOPs over all ranks (None when some rank could not trace it: `error` says why)."""
+
+    flops: int | None
+    uncounted: tuple[str, ...] = ()
+    error: str = ""
+
+
+def count_over_ranks(workload: Workload, model: torch.nn.Module, shape: Shape, ctx: RankContext,
+                     train: bool, seed: int, group: dist.ProcessGroup) -> Counted:  # fmt: skip
+    """Every rank counts its share and the shares are summed; an op fake tensors cannot run on any
+    rank leaves the count blank on all of them, with the first rank's reason."""
+    try:
+        mine, error = count_step(workload, model, shape, ctx, train, seed), ""
+    except Exception as err:  # an op with no fake kernel, a value read in Python: no count, said why
+        mine, error = StepFlops(0), f"{type(err).__name__}: {(str(err).strip() or '?').splitlines()[0]}"
+    total = torch.tensor([mine.flops, 1 if error else 0], dtype=torch.int64)
+    dist.all_reduce(total, group=group)
+    reports: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(reports, (mine.uncounted, error), group=group)
+    uncounted = tuple(sorted({op for ops, _ in reports for op in ops}))
+    if total[1].item():
+        return Counted(None, uncounted, next(e for _, e in reports if e))
+    return Counted(int(total[0].item()), uncounted)
+
+
+@dataclass(frozen=True)
+class Efficiency:
+    """A point's hardware figures: `model_tflop` the whole step over all ranks, `tflops_per_rank` the
+    achieved rate of one rank (its share over the step's median walltime), `mfu` that rate over the
+    device's dense peak (None when the peak is unknown)."""
+
+    model_tflop: float
+    tflops_per_rank: float | None
+    mfu: float | None
+
+
+def efficiency(flops: int, ranks: int, walltime_ms: float | None, peak_tflops: float | None) -> Efficiency:
+    """Achieved TFLOP/s per rank and MFU from the counted FLOPs of a step and its median walltime."""
+    tflop = flops / 1e12
+    if not walltime_ms:
+        return Efficiency(tflop, None, None)
+    per_rank = tflop / ranks / (walltime_ms / 1e3)
+    return Efficiency(tflop, per_rank, per_rank / peak_tflops if peak_tflops else None)
+
+
+def with_efficiency(result: PointResult, counted: Counted | None, ranks: int,
+                    peak_tflops: float | None) -> PointResult:  # fmt: skip
+    """A measured point with its model FLOPs, achieved TFLOP/s per rank and MFU, where counted."""
+    if counted is None or counted.flops is None or result.status != "ok":
+        return result
+    figures = efficiency(counted.flops, ranks, result.walltime_ms, peak_tflops)
+    return replace(result, **asdict(figures), flops_uncounted=" ".join(counted.uncounted))
