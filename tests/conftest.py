@@ -70,8 +70,9 @@ def cpbench(
 
 
 def torchrun(nproc: int, *args: str, cwd: Path, timeout: float = 180, env: dict | None = None):
+    # torchrun's own logs under the test's folder: by default it leaves a torchelastic_* folder in /tmp.
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-           "-m", "cpbench", *BASE, *args]  # fmt: skip
+           f"--log-dir={cwd / 'torchrun_logs'}", "-m", "cpbench", *BASE, *args]  # fmt: skip
     return run_cmd(cmd, cwd, timeout, env)
 
 

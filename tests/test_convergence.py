@@ -73,7 +73,7 @@ def test_a_run_killed_after_a_checkpoint_resumes_to_the_identical_curve(uninterr
     out = tmp_path / "killed"
     kill = ["fault.kind=kill", "fault.rank=1", "fault.at_step=12"]
     proc = ok(cpbench(*CHECKPOINTED, *kill, f"output_dir={out}", cwd=tmp_path, timeout=420))
-    assert "rank 1 crashed" in proc.stderr and "relaunching, the run resumes" in proc.stderr
+    assert "rank 1 crashed" in proc.stderr and "relaunching, the run resumes" in proc.stderr, proc.stderr
     assert "resumed from the checkpoint after step 10" in proc.stderr
     killed, clean = pd.read_csv(out / "convergence.csv"), pd.read_csv(uninterrupted / "convergence.csv")
     pd.testing.assert_frame_equal(killed[["step", "loss", "grad_norm"]], clean[["step", "loss", "grad_norm"]])

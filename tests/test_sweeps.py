@@ -25,7 +25,7 @@ from adapters.fold_cp_style import build_model, run_step
 
 def build_batch(N, n_atoms, S, mesh, device):
     at = os.environ.get("CPBENCH_TEST_KILL_AT")
-    if at and dist.get_world_size() > 1 and N >= int(at):
+    if at and dist.get_world_size() > 1 and dist.get_rank() == 0 and N >= int(at):
         os.killpg(os.getpgrp(), signal.SIGKILL)
     return _build_batch(N, n_atoms, S, mesh, device)
 """

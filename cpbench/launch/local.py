@@ -8,6 +8,7 @@ import logging
 import multiprocessing
 import signal
 import tempfile
+import time
 import uuid
 from dataclasses import dataclass
 from multiprocessing import forkserver
@@ -34,6 +35,12 @@ from cpbench.rank import RunSpec, run_rank
 from cpbench.results.folder import RunFolder
 from cpbench.settings.schema import BenchConfig
 from cpbench.workloads.base import Workload
+
+# The longest temporary folder the forkserver's socket fits under (it adds 32 bytes:
+# "/pymp-XXXXXXXX/listener-XXXXXXXX").
+_SOCKET_BASE_MAX = 70
+# How long a rank that failed only because a peer died waits before it ends (`_rank`).
+_CONSEQUENCE_GRACE_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -141,12 +148,7 @@ def launch_local(spec: RunSpec, nprocs: int, max_restarts: int, notify: Notify) 
 def _launch_once(spec: RunSpec, nprocs: int) -> None:
     log_dir = RunFolder(spec.output_dir).launch_logs
     log_dir.mkdir(parents=True, exist_ok=True)
-    # The ranks fork from one server process that has imported the rank loop (and torch) once, rather
-    # than each importing it anew: seconds of CPU per rank and per relaunch, and the same ranks
-    # otherwise (a process that has run nothing, its environment set by the agent). The server is this
-    # process's, reused by every launch it makes (a restart, a sweep's next job), and ends with it.
-    multiprocessing.set_forkserver_preload([__name__])
-    forkserver.ensure_running()  # its socket in the system's temporary folder (a path's length is bounded)
+    _start_forkserver()
     config = LaunchConfig(
         min_nodes=1,
         max_nodes=1,
@@ -178,9 +180,33 @@ def _launch_once(spec: RunSpec, nprocs: int) -> None:
         tempfile.tempdir = tempdir
 
 
+def _start_forkserver() -> None:
+    """The ranks fork from one server process that has imported the rank loop (and torch) once, rather
+    than each importing it anew: seconds of CPU per rank and per relaunch, and the same ranks
+    otherwise (a process that has run nothing, its environment set by the agent). The server is this
+    process's, reused by every launch it makes (a restart, a sweep's next job), and ends with it.
+
+    Its socket lives in a folder under the temporary folder, and a socket's path is bounded (107 bytes
+    on Linux): under a long TMPDIR the folder goes to /tmp instead, as Python 3.12 does itself."""
+    multiprocessing.set_forkserver_preload([__name__])
+    base = tempfile.gettempdir()
+    tempdir, tempfile.tempdir = tempfile.tempdir, base if len(base) <= _SOCKET_BASE_MAX else "/tmp"
+    try:
+        forkserver.ensure_running()
+    finally:
+        tempfile.tempdir = tempdir
+
+
 def _rank(spec: RunSpec) -> None:
     """A rank of this launcher: Ctrl-C reaches every process of the terminal's group, and the agent
     passes SIGTERM on; either ends a rank silently (the launching process reports it in one line)."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    run_rank(spec)
+    try:
+        run_rank(spec)
+    except Exception as err:
+        # The agent reports the first failed rank it sees, and a rank killed outright leaves no error
+        # file: a rank that only lost its peer waits, so that the peer's own end is the one seen.
+        if is_consequence(str(err)):
+            time.sleep(_CONSEQUENCE_GRACE_S)
+        raise
