@@ -10,9 +10,16 @@ See docs/inputs.md for the contract, padding and placement.
 
 from cpbench.core import RankContext, Shape
 from cpbench.inputs.chains import ChainTable, chains_from_seed, parse_chains
-from cpbench.inputs.contract import FEATURES, MOL_TYPES, RES_TYPES, SPECS, FeatureSpec, padded_tokens
-from cpbench.inputs.files import (
+from cpbench.inputs.contract import (
+    FEATURES,
+    MOL_TYPES,
+    RES_TYPES,
+    SPECS,
     FeatureError,
+    FeatureSpec,
+    padded_tokens,
+)
+from cpbench.inputs.files import (
     FoldFeatures,
     load_features,
     save_features,

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cpbench.inputs.files import FeatureError
+from cpbench.inputs.contract import FeatureError
 
 
 class InputError(FeatureError):

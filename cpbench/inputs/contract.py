@@ -52,6 +52,10 @@ def deletion_value_of(count: np.ndarray | int) -> np.ndarray:
     return (2.0 / np.pi * np.arctan(np.asarray(count, dtype=np.float64) / 3.0)).astype(np.float32)
 
 
+class FeatureError(ValueError):
+    """A feature file (or a complex) that breaks the inventory contract."""
+
+
 @dataclass(frozen=True)
 class FeatureSpec:
     """One feature. `dims` are symbols (N tokens, M atoms, S MSA rows) or fixed sizes; `kind` is

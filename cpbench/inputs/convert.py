@@ -15,7 +15,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from cpbench.inputs.files import FeatureError, load_features, save_features
+from cpbench.inputs.contract import FeatureError
+from cpbench.inputs.files import load_features, save_features
 
 
 def main(argv: Sequence[str] | None = None) -> int:

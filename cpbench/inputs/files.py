@@ -14,16 +14,12 @@ import numpy as np
 import torch
 
 from cpbench.core import Shape, Topology
-from cpbench.inputs.contract import FEATURES, NUM_RES_TYPES, FeatureSpec, group
+from cpbench.inputs.contract import FEATURES, NUM_RES_TYPES, FeatureError, FeatureSpec, group
 from cpbench.inputs.shard import FoldShard, build_shard
 
 TORCH_SUFFIXES = (".pt", ".pth", ".torch")
 COMPLEX_SUFFIXES = (".json", ".yaml", ".yml")  # cpbench.inputs.structure reads them
 NAME_MEMBER = "input_name"  # an .npz may name its input (cpbench.inputs.convert writes it)
-
-
-class FeatureError(ValueError):
-    """A feature file that breaks the inventory contract."""
 
 
 @dataclass
