@@ -4,7 +4,6 @@ or on CPU an RLIMIT_DATA set over the rank's baseline after start-up."""
 from __future__ import annotations
 
 import ctypes
-import gc
 import re
 import resource
 from collections.abc import Iterator
@@ -13,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from cpbench.measure.memory import read_peak_gib
+from cpbench.measure.memory import read_peak_gib, release
 from cpbench.settings.schema import MemoryConfig
 
 GIB = 2**30
@@ -73,10 +72,10 @@ def cap_lifted(device: torch.device) -> Iterator[None]:
         yield
         return
     soft, hard = resource.getrlimit(resource.RLIMIT_DATA)
-    resource.setrlimit(resource.RLIMIT_DATA, (hard, hard))
+    lift_budget(device)
     try:
         yield
     finally:
-        gc.collect()
+        release(device)
         ctypes.CDLL(None).malloc_trim(0)
         resource.setrlimit(resource.RLIMIT_DATA, (soft, hard))
