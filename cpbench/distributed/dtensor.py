@@ -11,3 +11,8 @@ from typing import Any
 def is_dtensor(value: Any) -> bool:
     module = sys.modules.get("torch.distributed.tensor")
     return module is not None and isinstance(value, module.DTensor)
+
+
+def is_dtensor_type(kind: type) -> bool:
+    module = sys.modules.get("torch.distributed.tensor")
+    return module is not None and issubclass(kind, module.DTensor)

@@ -181,14 +181,15 @@ def _launch_once(spec: RunSpec, nprocs: int) -> None:
 
 
 def _start_forkserver() -> None:
-    """The ranks fork from one server process that has imported the rank loop (and torch) once, rather
-    than each importing it anew: seconds of CPU per rank and per relaunch, and the same ranks
-    otherwise (a process that has run nothing, its environment set by the agent). The server is this
-    process's, reused by every launch it makes (a restart, a sweep's next job), and ends with it.
+    """The ranks fork from one server process that has loaded the rank loop, torch and the FLOP counter
+    once (`rank_image`), rather than each loading them anew: seconds of CPU per rank and per relaunch,
+    and the same ranks otherwise (a process that has computed nothing, its environment set by the
+    agent). The server is this process's, reused by every launch it makes (a restart, a sweep's next
+    job), and ends with it.
 
     Its socket lives in a folder under the temporary folder, and a socket's path is bounded (107 bytes
     on Linux): under a long TMPDIR the folder goes to /tmp instead, as Python 3.12 does itself."""
-    multiprocessing.set_forkserver_preload([__name__])
+    multiprocessing.set_forkserver_preload(["cpbench.launch.rank_image"])
     base = tempfile.gettempdir()
     tempdir, tempfile.tempdir = tempfile.tempdir, base if len(base) <= _SOCKET_BASE_MAX else "/tmp"
     try:

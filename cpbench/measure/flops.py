@@ -25,13 +25,11 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import FakeWork
 from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.distributed.tensor import DTensor
-from torch.distributed.tensor._sharding_prop import ShardingPropagator
-from torch.fx.experimental.symbolic_shapes import ShapeEnv
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils.flop_counter import FlopCounterMode
 
 from cpbench.core import RankContext, Shape
+from cpbench.distributed.dtensor import is_dtensor_type
 from cpbench.measure.point import PointResult
 from cpbench.runtime.seed import seed_all
 from cpbench.workloads.base import Contract, Workload
@@ -60,7 +58,7 @@ class _LocalShares(TorchDispatchMode):
         self.uncounted: Counter[str] = Counter()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
-        if any(issubclass(t, DTensor) for t in types):
+        if any(is_dtensor_type(t) for t in types):
             return NotImplemented
         if func.namespace not in _SEEN_THROUGH:
             self.uncounted[str(func.overloadpacket)] += 1
@@ -81,7 +79,10 @@ def _dtensor_metadata_uncounted() -> Iterator[None]:
     """DTensor derives an op's output shape by running it on fake tensors of the global shape, in the
     fake mode it finds active: ours, under the counter. That run is bookkeeping, not the model's work,
     so for its duration no mode of ours is active (it makes a fake mode of its own) and it reads real
-    index tensors (its strided shards' offsets), as it does outside a trace."""
+    index tensors (its strided shards' offsets), as it does outside a trace. Imported here: a model
+    without DTensors never loads DTensor's module (`cpbench.distributed.dtensor`)."""
+    from torch.distributed.tensor._sharding_prop import ShardingPropagator
+
     propagate = ShardingPropagator._propagate_tensor_meta_non_cached
 
     def outside_the_count(self: ShardingPropagator, *args: Any, **kwargs: Any) -> Any:
@@ -103,6 +104,9 @@ class FlopCount:
         self._modes = ExitStack()
 
     def __enter__(self) -> FlopCount:
+        # Imported on first use: with sympy it costs a launching process that never counts half a second.
+        from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
         fake = FakeTensorMode(allow_non_fake_inputs=True, shape_env=ShapeEnv())  # symbolic .tolist()
         self._modes.enter_context(_dtensor_metadata_uncounted())
         # The last sees an op first: a DTensor op goes to DTensor before another mode of ours sees it.
@@ -120,9 +124,17 @@ class FlopCount:
         return StepFlops(sum(by_op.values()), dict(by_op), tuple(sorted(self._local.uncounted)))
 
 
+_loaded = False
+
+
 def load_counter() -> None:
     """Count one small step, for what the counter imports and caches on its first use (tens of MiB
-    on CPU): loaded before the memory cap is set, it is part of the rank's baseline, not of the cap."""
+    on CPU and about a second): loaded before the memory cap is set, it is part of the rank's
+    baseline, not of the cap. Once per process; a rank forked from a process that loaded it has it."""
+    global _loaded
+    if _loaded:
+        return
+    _loaded = True
     with FlopCount():
         weight = torch.ones(8, 8, requires_grad=True)
         mixed = torch.nn.functional.linear(weight, weight).softmax(-1)
