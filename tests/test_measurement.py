@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 import torch
 import torch.distributed as dist
-from conftest import FAST, TIMING, cpbench, ok, results
+from conftest import FAST, TIMING, cpbench, ok, rank_processes, results
 
 from cpbench.core import Shape, Topology
 from cpbench.measure.memory import read_peak_gib, release, reset_peak
@@ -79,7 +79,7 @@ def _summarise_on_rank(rank: int, store: str, out: mp.Queue) -> None:
 def test_summarise_reduces_every_rank_through_the_pure_functions(tmp_path):
     """The same timings through `_summarise` in a real two-rank gloo group give the same figures; and
     `agree_fits` there says no when one rank did not fit."""
-    spawn = mp.get_context("spawn")
+    spawn = rank_processes()
     out = spawn.Queue()
     store = f"file://{tmp_path / 'store'}"
     procs = [spawn.Process(target=_summarise_on_rank, args=(r, store, out)) for r in range(2)]

@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 import torch
 import torch.distributed as dist
-from conftest import cpbench, ok, results
+from conftest import cpbench, ok, rank_processes, results
 from omegaconf import OmegaConf
 
 from cpbench.app.checks import check_runs_of_its_own
@@ -274,7 +274,7 @@ def test_ranks_take_the_same_steps_decided_on_the_slowest_rank():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    spawn = mp.get_context("spawn")
+    spawn = rank_processes()
     out = spawn.Queue()
     procs = [spawn.Process(target=_paced_rank, args=(r, port, out)) for r in range(2)]
     for p in procs:

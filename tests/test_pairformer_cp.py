@@ -11,7 +11,6 @@ failed comparison cannot hang its peers); the whole spawn is bounded by a timeou
 from __future__ import annotations
 
 import json
-import multiprocessing as mp
 import os
 import tempfile
 import time
@@ -22,6 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
+from conftest import rank_processes
 
 from cpbench.core import RankContext, Topology
 from cpbench.distributed.comm import LEDGER, all_reduce_sum, op_label
@@ -55,7 +55,7 @@ CFG = dict(
 def spawn(target, world: int, *args, timeout: float = 240) -> list[list[str]]:
     """Run `target(rank, world, tmp, *args)` on `world` fresh processes (a FileStore in `tmp` joins
     them); return the failure messages each rank wrote to tmp/rank<r>.json."""
-    context = mp.get_context("spawn")
+    context = rank_processes()
     with tempfile.TemporaryDirectory() as tmp:
         procs = [context.Process(target=target, args=(rank, world, tmp, *args)) for rank in range(world)]
         for proc in procs:
