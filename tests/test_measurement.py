@@ -79,10 +79,10 @@ def _summarise_on_rank(rank: int, store: str, out: mp.Queue) -> None:
 def test_summarise_reduces_every_rank_through_the_pure_functions(tmp_path):
     """The same timings through `_summarise` in a real two-rank gloo group give the same figures; and
     `agree_fits` there says no when one rank did not fit."""
-    spawn = rank_processes()
-    out = spawn.Queue()
+    ranks = rank_processes()
+    out = ranks.Queue()
     store = f"file://{tmp_path / 'store'}"
-    procs = [spawn.Process(target=_summarise_on_rank, args=(r, store, out)) for r in range(2)]
+    procs = [ranks.Process(target=_summarise_on_rank, args=(r, store, out)) for r in range(2)]
     for p in procs:
         p.start()
     try:

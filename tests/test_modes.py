@@ -274,9 +274,9 @@ def test_ranks_take_the_same_steps_decided_on_the_slowest_rank():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    spawn = rank_processes()
-    out = spawn.Queue()
-    procs = [spawn.Process(target=_paced_rank, args=(r, port, out)) for r in range(2)]
+    ranks = rank_processes()
+    out = ranks.Queue()
+    procs = [ranks.Process(target=_paced_rank, args=(r, port, out)) for r in range(2)]
     for p in procs:
         p.start()
     try:

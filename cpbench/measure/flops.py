@@ -79,8 +79,8 @@ def _dtensor_metadata_uncounted() -> Iterator[None]:
     """DTensor derives an op's output shape by running it on fake tensors of the global shape, in the
     fake mode it finds active: ours, under the counter. That run is bookkeeping, not the model's work,
     so for its duration no mode of ours is active (it makes a fake mode of its own) and it reads real
-    index tensors (its strided shards' offsets), as it does outside a trace. Imported here: a model
-    without DTensors never loads DTensor's module (`cpbench.distributed.dtensor`)."""
+    index tensors (its strided shards' offsets), as it does outside a trace. Imported on the first
+    count, so that a process that never counts (the launching one) never loads DTensor's module."""
     from torch.distributed.tensor._sharding_prop import ShardingPropagator
 
     propagate = ShardingPropagator._propagate_tensor_meta_non_cached
