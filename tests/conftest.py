@@ -38,13 +38,10 @@ def rank_processes() -> multiprocessing.context.BaseContext:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Every test not marked unit is in the end-to-end lane (`pytest -m e2e`). That lane runs first:
-    its files take minutes each (some mostly waiting on SLURM), and the unit files, seconds each, fill
-    the end, so that no worker is left alone with a long file while the other idles."""
+    """Every test not marked unit is in the end-to-end lane (`pytest -m e2e`)."""
     for item in items:
         if item.get_closest_marker("unit") is None:
             item.add_marker(pytest.mark.e2e)
-    items.sort(key=lambda item: item.get_closest_marker("unit") is not None)  # stable: files stay whole
 
 
 def run_cmd(
