@@ -152,3 +152,16 @@ def test_only_a_complete_checkpoint_of_the_same_settings_is_resumed(tmp_path):
     assert checkpoint.latest(tmp_path, "a") == tmp_path / "step_000010"
     assert checkpoint.latest(tmp_path, "b") == tmp_path / "step_000015"
     assert checkpoint.latest(tmp_path, "c") is None and checkpoint.latest(tmp_path / "none", "a") is None
+
+
+def test_every_rank_counts_a_checkpoints_bytes_alike_while_rank_0_marks_it_done(tmp_path):
+    """A slower rank counts while rank 0 writes done.json through a temporary file it renames away:
+    neither is counted (counting the temporary file once failed a rank with FileNotFoundError)."""
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "__0_0.distcp").write_bytes(b"x" * 100)
+    (tmp_path / "rank0.pt").write_bytes(b"y" * 10)
+    before = checkpoint.checkpoint_bytes(tmp_path)
+    (tmp_path / f".{checkpoint.DONE}.abc123.tmp").write_text("{}")
+    during = checkpoint.checkpoint_bytes(tmp_path)
+    (tmp_path / checkpoint.DONE).write_text('{"step": 5}')
+    assert before == during == checkpoint.checkpoint_bytes(tmp_path) == 110

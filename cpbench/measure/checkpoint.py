@@ -57,12 +57,20 @@ def save(
     os.replace(temp, _rank_file(path, rank))
     seconds = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
     dist.all_reduce(seconds, op=dist.ReduceOp.MAX, group=group)  # also: every rank's files are written
-    size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+    size = checkpoint_bytes(path)
     saved = Saved(step, seconds.item(), size)
     if rank == 0:
         RunFolder.write_json(path / DONE, {"step": step, "seconds": saved.seconds, "bytes": size, "key": key})
     dist.barrier(group=group)
     return saved
+
+
+def checkpoint_bytes(path: Path) -> int:
+    """The checkpoint's size: DCP's files and the rank files, all written once the ranks have met.
+    Rank 0's `done.json` (and its temporary file, renamed away at any moment) is left out, so that
+    every rank counts the same files, however far rank 0 has got."""
+    files = (f for f in path.rglob("*") if f.name != DONE and not f.name.startswith(f".{DONE}."))
+    return sum(f.stat().st_size for f in files if f.is_file())
 
 
 def latest(folder: Path, key: str) -> Path | None:
