@@ -41,6 +41,7 @@ def app(cfg: DictConfig) -> None:
 
 
 def main() -> None:
+    CheckOutputDir.composed = False  # this call's: main() may run again in one process (tests/conftest.py)
     try:
         app()
     except SystemExit as done:

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import multiprocessing
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pandas as pd
@@ -77,6 +80,43 @@ def cpbench(
 ) -> subprocess.CompletedProcess:
     flags = ["-m"] if args[:1] == ("-m",) else []  # Hydra takes its flags before the overrides
     return run_cmd([sys.executable, "-m", "cpbench", *flags, *BASE, *args[len(flags) :]], cwd, timeout, env)
+
+
+def refused(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    """`python -m cpbench`'s own `main()`, run in this test process, for an input that is refused before
+    anything starts: the same code, its exit code and all it writes to stdout and stderr (the file
+    descriptors, as a process's would be), without a fresh interpreter's seconds of imports.
+    tests/test_failures.py and tests/test_faults.py also run a refusal as a process of its own."""
+    from cpbench.__main__ import main
+
+    root = logging.getLogger()  # Hydra configures logging for its run: this process's is given back
+    handlers, level, argv, here = root.handlers[:], root.level, sys.argv, os.getcwd()
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        saved = [os.dup(1), os.dup(2)]
+        os.dup2(out.fileno(), 1)
+        os.dup2(err.fileno(), 2)
+        streams = [open(fd, "w", closefd=False) for fd in (1, 2)]  # noqa: SIM115
+        sys.argv, code = ["cpbench", *BASE, *args], 0
+        output_dir = os.environ.pop("CPBENCH_OUTPUT_DIR", None)  # as run_cmd leaves it out
+        os.chdir(cwd)
+        try:
+            with contextlib.redirect_stdout(streams[0]), contextlib.redirect_stderr(streams[1]):
+                main()
+        except SystemExit as done:
+            code = done.code if isinstance(done.code, int) else 0 if done.code is None else 1
+        finally:
+            for stream, fd, old in zip(streams, (1, 2), saved, strict=True):
+                stream.flush()
+                os.dup2(old, fd)
+                os.close(old)
+            sys.argv, root.handlers[:] = argv, handlers
+            root.setLevel(level)
+            os.chdir(here)
+            if output_dir is not None:
+                os.environ["CPBENCH_OUTPUT_DIR"] = output_dir
+        out.seek(0)
+        err.seek(0)
+        return subprocess.CompletedProcess(sys.argv, code, out.read().decode(), err.read().decode())
 
 
 def torchrun(nproc: int, *args: str, cwd: Path, timeout: float = 180, env: dict | None = None):

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import BASE, FAST, TESTS, TIMING, cpbench, ok, results
+from conftest import BASE, FAST, TESTS, TIMING, cpbench, ok, refused, results
 
 # A deterministic edge: rank 1 runs out of memory building any batch of N >= 256 (agreed in-process),
 # so the probe's answer is max fit 192, first failure 256, whatever else happens.
@@ -196,7 +196,7 @@ SETTINGS = [
 
 
 def _bad_input(tmp_path: Path, args: list[str], message: str, out: Path) -> None:
-    proc = cpbench(*args, *FAST, f"output_dir={out}", cwd=tmp_path, timeout=60)
+    proc = refused(*args, *FAST, f"output_dir={out}", cwd=tmp_path)
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.startswith(f"cpbench: error: {message}"), proc.stderr
     assert message in proc.stderr and proc.stderr.strip().count("\n") == 0, proc.stderr

@@ -8,7 +8,7 @@ import math
 
 import pandas as pd
 import pytest
-from conftest import TIMING, cpbench, ok, results
+from conftest import TIMING, cpbench, ok, refused, results
 from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
@@ -119,13 +119,13 @@ def test_convergence_out_of_memory_is_one_line(tmp_path):
 )
 def test_settings_convergence_never_reads_are_refused(tmp_path, override, setting):
     """Item 5: sweep.* (and probe.*) with workflow=convergence is refused, not ignored in silence."""
-    line = one_line_exit_2(cpbench("workflow=convergence", override, cwd=tmp_path, timeout=60))
+    line = one_line_exit_2(refused("workflow=convergence", override, cwd=tmp_path))
     assert line.startswith(f"cpbench: error: {setting}: workflow=convergence runs its steps at shape.*")
 
 
 def test_no_sweep_points_and_no_probe_is_one_line(tmp_path):
     """Item 6: sweep.n_tokens=[] without the probe would measure nothing."""
-    line = one_line_exit_2(cpbench("sweep.n_tokens=[]", "probe.enabled=false", cwd=tmp_path, timeout=60))
+    line = one_line_exit_2(refused("sweep.n_tokens=[]", "probe.enabled=false", cwd=tmp_path))
     assert "sweep.n_tokens=[]: give at least one value" in line and "probe.enabled=true" in line
 
 
