@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-from conftest import FAST, cpbench, ok, results
+from conftest import FAST, cpbench, ok, refused, results
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "complex_304.npz"
 
@@ -32,14 +32,12 @@ def test_bad_feature_file_is_rejected_by_name(tmp_path):
     bad = tmp_path / "bad.npz"
     np.savez(bad, **arrays)
     out = tmp_path / "out"
-    proc = cpbench(f"data.path={bad}", "probe.enabled=false", f"output_dir={out}", cwd=tmp_path, timeout=60)
+    proc = refused(f"data.path={bad}", "probe.enabled=false", f"output_dir={out}", cwd=tmp_path)
     assert proc.returncode == 2
     assert proc.stderr.startswith(f"cpbench: error: data.path={bad}") and "asym_id" in proc.stderr
     assert not out.exists()
 
 
 def test_probe_with_a_feature_file_is_refused(tmp_path):
-    proc = cpbench(
-        f"data.path={EXAMPLE}", "probe.enabled=true", f"output_dir={tmp_path / 'o'}", cwd=tmp_path, timeout=60
-    )
+    proc = refused(f"data.path={EXAMPLE}", "probe.enabled=true", f"output_dir={tmp_path / 'o'}", cwd=tmp_path)
     assert proc.returncode == 2 and "probe.enabled=true: a feature file" in proc.stderr

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from conftest import BASE, TESTS, cpbench, ok, results
+from conftest import BASE, TESTS, cpbench, ok, refused, results
 
 PLANS = f"hydra.searchpath=[file://{TESTS / 'plans'}]"
 ARGS = [PLANS, "experiment=axial_gate", "timing.warmup=1", "timing.repeats=3", "log.progress=false"]
@@ -112,7 +112,7 @@ def test_only_if_is_skipped_when_what_it_names_did_not_improve(plan):
 )
 def test_a_bad_plan_is_refused_in_one_line_before_anything_runs(tmp_path, plan_name, line):
     out = tmp_path / "out"
-    proc = cpbench(PLANS, f"experiment={plan_name}", f"output_dir={out}", cwd=tmp_path, timeout=120)
+    proc = refused(PLANS, f"experiment={plan_name}", f"output_dir={out}", cwd=tmp_path)
     assert proc.returncode == 2
     assert proc.stderr.strip().startswith(line) and proc.stderr.strip().count("\n") == 0, proc.stderr
     assert not out.exists()

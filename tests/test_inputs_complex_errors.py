@@ -6,9 +6,11 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import FAST, cpbench
+from conftest import FAST, refused
 
 from cpbench.inputs import FeatureError, load_features
+
+pytestmark = pytest.mark.unit  # the run's refusal through cpbench's main() in this process (conftest.refused)
 
 A3M = Path(__file__).resolve().parents[1] / "examples" / "inputs" / "msa_ligand.a3m"
 
@@ -71,7 +73,7 @@ def test_bad_input_is_named_in_one_line(tmp_path, kind):
 def test_bad_input_stops_the_run_before_any_rank_with_exit_2(tmp_path, kind):
     path, message = _write(tmp_path, kind)
     out = tmp_path / "out"
-    proc = cpbench(f"data.path={path}", "topology.cp=2", *FAST, f"output_dir={out}", cwd=tmp_path, timeout=60)
+    proc = refused(f"data.path={path}", "topology.cp=2", *FAST, f"output_dir={out}", cwd=tmp_path)
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.startswith(f"cpbench: error: data.path={path}: {message}"), proc.stderr
     assert proc.stderr.strip().count("\n") == 0 and "Traceback" not in proc.stderr
