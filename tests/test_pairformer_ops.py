@@ -208,8 +208,14 @@ def test_max_autotune_needs_inductor():
         PairformerConfig(**SMALL, compile="max-autotune", compile_backend="aot_eager")
 
 
-def test_inductor_compile_matches_eager(data):
-    """The real default backend on the smallest op that has every compiled method kind."""
+def test_inductor_compile_matches_eager(data, tmp_path, monkeypatch):
+    """The real default backend on the smallest op that has every compiled method kind. Inductor's
+    cache goes under the test's folder and it precompiles no headers, which it would keep in
+    /tmp/torchinductor_<user> (importing inductor's config still makes that folder, empty)."""
+    import torch._inductor.config
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    monkeypatch.setattr(torch._inductor.config, "cpp_cache_precompile_headers", False)
     s, _, _ = data
     torch.manual_seed(0)
     eager = Transition(C_S, 2)
