@@ -96,7 +96,8 @@ def refused(*args: str, cwd: Path) -> subprocess.CompletedProcess:
         os.dup2(out.fileno(), 1)
         os.dup2(err.fileno(), 2)
         streams = [open(fd, "w", closefd=False) for fd in (1, 2)]  # noqa: SIM115
-        sys.argv, code = ["cpbench", *BASE, *args], 0
+        command = ["cpbench", *BASE, *args]
+        sys.argv, code = command, 0
         output_dir = os.environ.pop("CPBENCH_OUTPUT_DIR", None)  # as run_cmd leaves it out
         os.chdir(cwd)
         try:
@@ -104,6 +105,8 @@ def refused(*args: str, cwd: Path) -> subprocess.CompletedProcess:
                 main()
         except SystemExit as done:
             code = done.code if isinstance(done.code, int) else 0 if done.code is None else 1
+            if not isinstance(done.code, int | None):  # as the interpreter does on its way out
+                print(done.code, file=streams[1])
         finally:
             for stream, fd, old in zip(streams, (1, 2), saved, strict=True):
                 stream.flush()
@@ -116,7 +119,7 @@ def refused(*args: str, cwd: Path) -> subprocess.CompletedProcess:
                 os.environ["CPBENCH_OUTPUT_DIR"] = output_dir
         out.seek(0)
         err.seek(0)
-        return subprocess.CompletedProcess(sys.argv, code, out.read().decode(), err.read().decode())
+        return subprocess.CompletedProcess(command, code, out.read().decode(), err.read().decode())
 
 
 def torchrun(nproc: int, *args: str, cwd: Path, timeout: float = 180, env: dict | None = None):
