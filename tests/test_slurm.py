@@ -140,6 +140,36 @@ def test_the_sbatch_script_is_built_without_a_cluster(tmp_path):
     assert [p.name for p in out.iterdir()] == ["slurm"]  # nothing submitted, nothing measured
 
 
+@pytest.mark.unit
+def test_the_end_of_a_job_passes_every_except_exception():
+    """submitit's USR2 handler raises UncompletedJobError where the rank is when it will not requeue the
+    job. The FLOP count catches Exception (a step it cannot trace) and took it for that: the rank went
+    on measuring until SLURM's kill, and the job left no result. Within `job_end_escapes` it passes."""
+    from submitit.core.utils import UncompletedJobError
+
+    from cpbench.launch.slurm.job import job_end_escapes
+
+    ended = UncompletedJobError("Job not requeued because: timed-out too many times.")
+
+    def submitits_handler(signum, frame):
+        raise ended
+
+    before = signal.signal(signal.SIGUSR2, submitits_handler)
+    swallowed = []
+    try:
+        with pytest.raises(UncompletedJobError) as caught, job_end_escapes():
+            try:
+                signal.raise_signal(signal.SIGUSR2)  # in the middle of a FLOP count, say
+            except Exception as err:  # what the count does with a step it cannot trace
+                swallowed.append(err)
+        assert caught.value is ended and not swallowed  # submitit records it as the task's result
+        assert signal.getsignal(signal.SIGUSR2) is submitits_handler  # given back on the way out
+        with pytest.raises(UncompletedJobError):  # and outside it, as submitit made it
+            signal.raise_signal(signal.SIGUSR2)
+    finally:
+        signal.signal(signal.SIGUSR2, before)
+
+
 def test_a_run_as_submitit_tasks_one_per_rank(tmp_path):
     out = tmp_path / "out"
     proc = ok(

@@ -21,12 +21,34 @@ skip_without_slurm()
 pytestmark = pytest.mark.usefixtures("idle_cluster")
 
 
+# Slow where the FLOP count runs the step (on fake tensors), quick in the timed steps: a signal lands in
+# the count, whose `except Exception` once took submitit's end of the job for a step it cannot trace.
+SLOW_COUNT = """
+import os
+import time
+from pathlib import Path
+
+from torch._subclasses.fake_tensor import FakeTensor
+
+from adapters.fold_cp_style import build_batch, build_model
+from adapters.fold_cp_style import run_step as _run_step
+
+
+def run_step(model, batch, train):
+    seconds = float(Path(os.environ["CPBENCH_TEST_STEP_S"]).read_text())
+    time.sleep(seconds if isinstance(batch, FakeTensor) else seconds / 30)
+    return _run_step(model, batch, train)
+"""
+
+
 def test_a_job_out_of_requeues_leaves_its_point_to_the_next_run(slurm_cluster, tmp_path):
     """SLURM's time limit: USR2 `signal_delay_s` before it (up to 60 s earlier still, sbatch(1)), so
     submitit checkpoints and requeues once (max_requeues=1), then the second timeout ends the job. The
     point in flight was interrupted, not broken: the run says so in one line, and the same command run
-    again measures it; every point is measured once, none lost (issue 26, item 4)."""
-    env, step = _slow_env(tmp_path, slurm_cluster, 3.0)  # 9 s a point: 144 s of work, two runs of < 60 s
+    again measures it; every point is measured once, none lost (issue 26, item 4). The signals come
+    while the FLOP count runs the step, which is where most of a point's time goes here."""
+    env, step = _slow_env(tmp_path, slurm_cluster, 9.0)  # 10 s a point: 160 s of work, two runs of < 60 s
+    (tmp_path / "slow_steps.py").write_text(SLOW_COUNT)
     sweep = list(range(16, 16 * 17, 16))
     out = tmp_path / "out"
     command = [

@@ -4,7 +4,8 @@ that takes its torch.distributed environment from the job).
 The job is checkpointable: on timeout submitit calls `checkpoint`, which marks the point being measured
 as interrupted (not broken) and requeues the same callable; SIGTERM (a preemption, scancel) marks it so
 too. The requeued ranks skip every point already in results.csv, so nothing measured is lost or measured
-twice."""
+twice. When there is no requeue left, the end of the job reaches submitit past every `except Exception`
+of the rank and of the workload's step (see `JobEnds`)."""
 
 from __future__ import annotations
 
@@ -12,9 +13,12 @@ import functools
 import logging
 import os
 import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict
 
 import submitit
+from submitit.core.utils import UncompletedJobError
 from submitit.helpers import Checkpointable, DelayedSubmission, TorchDistributedEnvironment
 
 from cpbench.launch.slurm.layout import executor_parameters, layout
@@ -51,12 +55,48 @@ class SlurmRanks(Checkpointable):
         env = TorchDistributedEnvironment().export(set_cuda_visible_devices=False, overwrite=True)
         # After submitit's own handlers, which let SIGTERM pass (it waits for USR2 to checkpoint).
         signal.signal(signal.SIGTERM, functools.partial(_end_interrupted, spec.output_dir, env.rank))
-        run_rank(spec)
+        with job_end_escapes():
+            run_rank(spec)
 
     def checkpoint(self, spec: RunSpec) -> DelayedSubmission:
         """Called on task 0 when the job is timed out or preempted, just before it is requeued."""
         interrupt(RunFolder(spec.output_dir))
         return DelayedSubmission(self, spec)
+
+
+class JobEnds(BaseException):
+    """The job ends here: submitit's warning-signal handler will not requeue it (timed out too many
+    times) and raised UncompletedJobError wherever the rank was. That error is a RuntimeError, which an
+    `except Exception` can take for its own: the FLOP count's (a step it cannot trace) did, and the
+    rank went on measuring until SLURM killed it, leaving no result. As a BaseException it passes them."""
+
+    def __init__(self, error: UncompletedJobError):
+        super().__init__(str(error))
+        self.error = error
+
+
+@contextmanager
+def job_end_escapes(signum: int = signal.SIGUSR2) -> Iterator[None]:
+    """Within it, the UncompletedJobError of submitit's handler for `signum` travels as `JobEnds`, and
+    leaves as itself: submitit writes it as the task's result, as it would have."""
+    handler = signal.getsignal(signum)
+    if not callable(handler):  # not under submitit: nothing to carry
+        yield
+        return
+
+    def escaping(number: int, frame: object) -> None:
+        try:
+            handler(number, frame)
+        except UncompletedJobError as err:
+            raise JobEnds(err) from None
+
+    signal.signal(signum, escaping)
+    try:
+        yield
+    except JobEnds as end:
+        raise end.error from None
+    finally:
+        signal.signal(signum, handler)
 
 
 def _end_interrupted(output_dir: str, rank: int, signum: int, frame: object) -> None:
