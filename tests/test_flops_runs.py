@@ -5,7 +5,10 @@ tests/test_adapters.py.)"""
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 
 import pytest
 from conftest import cpbench, ok, results
@@ -21,10 +24,11 @@ WORKLOADS = {"pairformer": "pairformer_small", "fold": "fold_small"}  # the row'
 def sweep(tmp_path_factory):
     root = tmp_path_factory.mktemp("flops")
     out = root / "sweep"
+    (root / "tmp").mkdir()  # its own temporary folder, to see what the runs leave there
     steps = ["timing.warmup=1", "timing.repeats=1", "timing.warmup_max=1", "timing.repeats_max=1"]
     ok(cpbench("-m", f"workload={','.join(WORKLOADS.values())}", "topology.cp=2", f"sweep.n_tokens=[{N}]",
                "probe.enabled=false", "log.progress=false", *steps, f"output_dir={out}", cwd=root,
-               timeout=400))  # fmt: skip
+               timeout=400, env={"TMPDIR": str(root / "tmp")}))  # fmt: skip
     return results(out), (out / "cp_benchmark.md").read_text(), out
 
 
@@ -50,3 +54,17 @@ def test_the_merged_report_has_the_efficiency_section_and_mfu_plot(sweep):
     assert "speed-up vs cp=1 (shared cores)" in report
     assert "![MFU vs N_tokens per cp](cp_benchmark_mfu.png)" in report
     assert (out / "cp_benchmark_mfu.png").stat().st_size > 0
+
+
+def test_counting_leaves_no_compile_cache_folder_and_keeps_one_in_use(sweep, tmp_path):
+    """torch._dynamo's first import (the counter's) makes torchinductor_<user> in the temporary folder;
+    a run removes it when that import made it and nothing was cached there, and leaves one that was
+    there before."""
+    *_, out = sweep
+    assert not list((out.parent / "tmp").iterdir())
+    cache = tmp_path / "cache"
+    cache.mkdir()  # there before the run, empty as a fresh cache is: not the run's to remove
+    load = "from cpbench.measure import flops; flops.load_counter()"
+    env = {**os.environ, "TMPDIR": str(tmp_path), "TORCHINDUCTOR_CACHE_DIR": str(cache)}
+    subprocess.run([sys.executable, "-c", load], env=env, check=True, timeout=120)
+    assert cache.is_dir()

@@ -31,6 +31,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from cpbench.core import RankContext, Shape
 from cpbench.distributed.dtensor import is_dtensor_type
 from cpbench.measure.point import PointResult
+from cpbench.runtime.compile_cache import import_dynamo
 from cpbench.runtime.seed import seed_all
 from cpbench.workloads.base import Contract, Workload
 
@@ -135,6 +136,7 @@ def load_counter() -> None:
     if _loaded:
         return
     _loaded = True
+    import_dynamo()
     with FlopCount():
         weight = torch.ones(8, 8, requires_grad=True)
         mixed = torch.nn.functional.linear(weight, weight).softmax(-1)

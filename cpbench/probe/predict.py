@@ -31,6 +31,7 @@ from cpbench.core import RankContext, Shape, Topology
 from cpbench.measure.budget import budget_gib
 from cpbench.models.pairformer import chunking
 from cpbench.probe.search import align_down, align_up
+from cpbench.runtime.compile_cache import import_dynamo
 from cpbench.runtime.rank import device_type, joined_context, pick_backend
 from cpbench.runtime.seed import seed_all
 from cpbench.settings.schema import BenchConfig, Workflow
@@ -243,6 +244,7 @@ def trace_peak(workload: Workload, topology: Topology, shape: Shape, train: bool
         contract = Contract(getattr(workload, "contract", Contract.native))
         # AdamW's exp_avg and exp_avg_sq, alive from the first training step on.
         optim_bytes = 2 * (sum(p.numel() * p.element_size() for p in params) + cut_params) if train else 0
+        import_dynamo()  # what the fake mode imports, without the empty folder it leaves
         fake = FakeTensorMode(allow_non_fake_inputs=True)
         weights = _fake_weights(model, fake)
         tracker = LiveBytes(cut_bytes, gloo)
