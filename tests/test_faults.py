@@ -121,8 +121,8 @@ def test_a_second_run_into_the_same_folder_is_refused_and_the_first_keeps_every_
     assert first.returncode == 0, err
     frame = results(out)
     assert len(frame) == 9 and frame["N_tokens"].is_unique and set(frame["status"]) == {"ok"}
-    # Nothing left in its temporary folder: torch._dynamo's import (the FLOP counter's) makes an empty
-    # torchinductor_<user> there, which the run removes again.
+    # Nothing left in its temporary folder: torch._dynamo's import (the FLOP counter's) would leave an
+    # empty torchinductor_<user> there (cpbench/runtime/compile_cache.py).
     assert not list((tmp_path / "tmp").iterdir())
     # The lock file left behind names a process that has ended: the next run takes it over.
     ok(cpbench(*SLOW, f"output_dir={out}", cwd=tmp_path, timeout=60))
