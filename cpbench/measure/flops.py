@@ -16,7 +16,7 @@ have fake kernels of their own), so a rank's count needs no peer and moves no by
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
@@ -77,24 +77,32 @@ class StepFlops:
 
 @contextmanager
 def _dtensor_metadata_uncounted() -> Iterator[None]:
-    """DTensor derives an op's output shape by running it on fake tensors of the global shape, in the
-    fake mode it finds active: ours, under the counter. That run is bookkeeping, not the model's work,
-    so for its duration no mode of ours is active (it makes a fake mode of its own) and it reads real
-    index tensors (its strided shards' offsets), as it does outside a trace. Imported on the first
-    count, so that a process that never counts (the launching one) never loads DTensor's module."""
+    """Before it runs an op's local ops, DTensor decides the op's placements and derives its output
+    shape by running the op on fake tensors of the global shape. That is bookkeeping, not the model's
+    work: DTensor does it as outside a trace, with no mode of ours active (it makes a fake mode of its
+    own) and on real index tensors (its strided shards' offsets). Under our fake mode the placement
+    decision alone cost a DTensor model about a second per count. Imported on the first count, so that
+    a process that never counts (the launching one) never loads DTensor's module."""
     from torch.distributed.tensor._sharding_prop import ShardingPropagator
 
-    propagate = ShardingPropagator._propagate_tensor_meta_non_cached
+    # The decision, and the shape it derives (also reached on its own).
+    bookkeeping = ("propagate_op_sharding_non_cached", "_propagate_tensor_meta_non_cached")
+    originals = {name: getattr(ShardingPropagator, name) for name in bookkeeping}
 
-    def outside_the_count(self: ShardingPropagator, *args: Any, **kwargs: Any) -> Any:
-        with _disable_current_modes():
-            return propagate(self, *args, **kwargs)
+    def outside_the_count(method: Callable[..., Any]) -> Callable[..., Any]:
+        def run(self: ShardingPropagator, *args: Any, **kwargs: Any) -> Any:
+            with _disable_current_modes():
+                return method(self, *args, **kwargs)
 
-    ShardingPropagator._propagate_tensor_meta_non_cached = outside_the_count
+        return run
+
+    for name, method in originals.items():
+        setattr(ShardingPropagator, name, outside_the_count(method))
     try:
         yield
     finally:
-        ShardingPropagator._propagate_tensor_meta_non_cached = propagate
+        for name, method in originals.items():
+            setattr(ShardingPropagator, name, method)
 
 
 class FlopCount:
