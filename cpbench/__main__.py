@@ -6,16 +6,19 @@ from __future__ import annotations
 
 import sys
 
-import hydra
-from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig
+from cpbench.runtime.startup import loaded
 
-from cpbench.app.campaign import run
-from cpbench.app.checks import checked
-from cpbench.app.multirun import plan_run, run_job, sweep_job_dir
-from cpbench.callbacks import CheckOutputDir
-from cpbench.experiment.runner import run_plan
-from cpbench.settings.schema import register
+with loaded():
+    import hydra
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import DictConfig
+
+    from cpbench.app.campaign import run
+    from cpbench.app.checks import checked
+    from cpbench.app.multirun import plan_run, run_job, sweep_job_dir
+    from cpbench.callbacks import CheckOutputDir
+    from cpbench.experiment.runner import run_plan
+    from cpbench.settings.schema import register
 
 register()
 

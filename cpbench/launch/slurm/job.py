@@ -26,6 +26,7 @@ from cpbench.launch.slurm.quiet import log_submitit_to
 from cpbench.probe.in_flight import WorkInFlight
 from cpbench.rank import RunSpec, run_rank
 from cpbench.results.folder import RunFolder
+from cpbench.runtime.startup import freeze_loaded
 from cpbench.settings.schema import BenchConfig
 
 
@@ -51,6 +52,7 @@ class SlurmRanks(Checkpointable):
     (rank, world size, master address and port from SLURM's variables), then run one rank."""
 
     def __call__(self, spec: RunSpec) -> None:
+        freeze_loaded()  # what unpickling this callable imported: torch, the rank loop
         # Every rank sees all GPUs of its node and picks cuda:LOCAL_RANK, as under torchrun.
         env = TorchDistributedEnvironment().export(set_cuda_visible_devices=False, overwrite=True)
         # After submitit's own handlers, which let SIGTERM pass (it waits for USR2 to checkpoint).
