@@ -4,7 +4,7 @@ torch, Hydra and cpbench's own modules leave hundreds of thousands of objects th
 process. Collected as they are made, and walked again by every later full collection (a rank collects
 before each point) and once more at interpreter exit, they cost about a second of CPU per process:
 `import cpbench.__main__` took 2.2 s of CPU with its exit, 1.2 s with `loaded()` around it (this
-machine, docs/measurement.md). Frozen (`gc.freeze`), they are never walked; garbage made later is
+machine, docs/architecture.md). Frozen (`gc.freeze`), they are never walked; garbage made later is
 collected as usual."""
 
 from __future__ import annotations
