@@ -40,25 +40,40 @@ def rank_processes() -> multiprocessing.context.BaseContext:
     return multiprocessing.get_context("forkserver")
 
 
+# Seconds each of the slowest files took (`pytest -q --durations=0` at f4139c8, summed per file, setup
+# included): refresh when a file grows or shrinks by much. The rest take under 10 s each.
+FILE_SECONDS = {
+    "test_slurm_requeue.py": 138, "test_faults.py": 122, "test_adapters.py": 83, "test_probe.py": 81,
+    "test_slurm_cluster.py": 74, "test_sweeps.py": 74, "test_slurm.py": 59, "test_runs.py": 56,
+    "test_user_paths.py": 52, "test_path_matrix_training.py": 41, "test_path_matrix_inference.py": 40,
+    "test_outputs.py": 39, "test_inputs_complex_runs.py": 39, "test_fold_workload.py": 38,
+    "test_measurement.py": 36, "test_pairformer_cp.py": 31, "test_modes.py": 29, "test_baseline.py": 29,
+    "test_flops_runs.py": 25, "test_convergence.py": 18, "test_report.py": 18, "test_fold_chunked.py": 16,
+    "test_experiments.py": 16, "test_check.py": 14, "test_pairformer_ops.py": 13, "test_flops.py": 12,
+    "test_predict.py": 12, "test_fold_cp.py": 11, "test_pairformer_workload.py": 11, "test_identity.py": 10,
+}  # fmt: skip
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Every test not marked unit is in the end-to-end lane (`pytest -m e2e`).
 
-    The files go to the workers longest wait first: those on the SLURM cluster (a worker mostly waits on
-    the scheduler there, while the other keeps the cores busy), then the other end-to-end files, then
-    the in-process ones, which fill the last gaps. In the alphabetical order the SLURM files came last
-    and ran on with one core idle."""
+    The files go to the workers longest first (a file's tests stay on one worker, `--dist loadfile`):
+    the longest-processing-time rule, so that no worker is left with a long file while the other has
+    finished. The slow SLURM files lead that list anyway (a worker mostly waits on the scheduler there,
+    while the other keeps the cores busy); the in-process files, quick, fill the last gaps. xdist keeps
+    this order only with `--no-loadscope-reorder` (pyproject's addopts): by default it sends the files
+    with the most tests first, the many quick in-process ones, and the slow files ran last (10m42s for
+    the suite in this order, 11m34s in xdist's, f4139c8 on this 2-core machine)."""
     for item in items:
         if item.get_closest_marker("unit") is None:
             item.add_marker(pytest.mark.e2e)
 
-    def lane(item: pytest.Item) -> int:
-        if "slurm_cluster" in getattr(item, "fixturenames", ()):
-            return 0
-        return 1 if item.get_closest_marker("unit") is None else 2
+    def order(item: pytest.Item) -> tuple[int, int]:
+        return (item.get_closest_marker("unit") is not None, -FILE_SECONDS.get(item.path.name, 0))
 
-    first: dict[Path, int] = {}
+    first: dict[Path, tuple[int, int]] = {}
     for item in items:
-        first[item.path] = min(first.get(item.path, 2), lane(item))
+        first[item.path] = min(first.get(item.path, (1, 0)), order(item))
     items.sort(key=lambda item: first[item.path])  # stable: a file's tests stay together, in order
 
 
