@@ -40,17 +40,19 @@ def rank_processes() -> multiprocessing.context.BaseContext:
     return multiprocessing.get_context("forkserver")
 
 
-# Seconds each of the slowest files took (`pytest -q --durations=0` at f4139c8, summed per file, setup
-# included): refresh when a file grows or shrinks by much. The rest take under 10 s each.
+# Seconds each of the slowest files took (`pytest -v --durations=0` at 6df47db, summed per file, setup
+# included, less the five tests merged into others since): refresh when a file grows or shrinks by much.
+# The rest take under 10 s each.
 FILE_SECONDS = {
-    "test_slurm_requeue.py": 138, "test_faults.py": 122, "test_adapters.py": 83, "test_probe.py": 81,
-    "test_slurm_cluster.py": 74, "test_sweeps.py": 74, "test_slurm.py": 59, "test_runs.py": 56,
-    "test_user_paths.py": 52, "test_path_matrix_training.py": 41, "test_path_matrix_inference.py": 40,
-    "test_outputs.py": 39, "test_inputs_complex_runs.py": 39, "test_fold_workload.py": 38,
-    "test_measurement.py": 36, "test_pairformer_cp.py": 31, "test_modes.py": 29, "test_baseline.py": 29,
-    "test_flops_runs.py": 25, "test_convergence.py": 18, "test_report.py": 18, "test_fold_chunked.py": 16,
-    "test_experiments.py": 16, "test_check.py": 14, "test_pairformer_ops.py": 13, "test_flops.py": 12,
-    "test_predict.py": 12, "test_fold_cp.py": 11, "test_pairformer_workload.py": 11, "test_identity.py": 10,
+    "test_slurm_requeue.py": 151, "test_sweeps.py": 98, "test_adapters.py": 90, "test_slurm.py": 82,
+    "test_faults.py": 81, "test_slurm_cluster.py": 80, "test_inputs_complex_runs.py": 75, "test_probe.py": 72,
+    "test_runs.py": 58, "test_measurement.py": 55, "test_user_paths.py": 55,
+    "test_path_matrix_training.py": 46, "test_fold_workload.py": 39, "test_path_matrix_inference.py": 32,
+    "test_modes.py": 31, "test_pairformer_cp.py": 30, "test_outputs.py": 28, "test_baseline.py": 28,
+    "test_flops_runs.py": 19, "test_convergence.py": 18, "test_fold_chunked.py": 18,
+    "test_experiments.py": 16, "test_predict.py": 15, "test_check.py": 15, "test_report.py": 14,
+    "test_pairformer_ops.py": 13, "test_fold_cp.py": 12, "test_pairformer_workload.py": 12,
+    "test_failures.py": 12, "test_flops.py": 11,
 }  # fmt: skip
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from conftest import FAST, cpbench, ok, results
 
 from cpbench.results.folder import RunFolder
@@ -12,30 +13,7 @@ CONTRACT = ["workload", "workflow", "topology", "cp", "grid", "N_tokens", "N_ato
             "kind"]  # fmt: skip
 
 
-def test_run_in_an_empty_directory_writes_only_its_output_dir(tmp_path):
-    ok(cpbench("topology.cp=2", "sweep.n_tokens=[16]", *FAST, cwd=tmp_path))
-    assert [p.name for p in tmp_path.iterdir()] == ["cpbench_out"]  # the default output_dir
-    out = tmp_path / "cpbench_out"
-    assert {"results.csv", "cp_benchmark.md", "run.json", "logs"} <= {p.name for p in out.iterdir()}
-
-
-def test_env_var_sets_the_output_dir(tmp_path):
-    target = tmp_path / "elsewhere"
-    ok(
-        cpbench(
-            "sweep.n_tokens=[16]",
-            "topology.cp=1",
-            *FAST,
-            cwd=tmp_path,
-            env={"CPBENCH_OUTPUT_DIR": str(target)},
-        )
-    )
-    assert [p.name for p in tmp_path.iterdir()] == ["elsewhere"]
-    assert (target / "results.csv").exists()
-
-
-def test_csv_and_markdown_contents(tmp_path):
-    out = tmp_path / "out"
+def test_csv_and_markdown_contents_in_the_default_output_dir(tmp_path):
     ok(
         cpbench(
             "topology.kind=2d",
@@ -45,10 +23,12 @@ def test_csv_and_markdown_contents(tmp_path):
             "sweep.msa_depth=[4,8]",
             "shape.atoms_per_token=3",
             *FAST,
-            f"output_dir={out}",
             cwd=tmp_path,
         )
     )
+    assert [p.name for p in tmp_path.iterdir()] == ["cpbench_out"]  # the default output_dir, nothing else
+    out = tmp_path / "cpbench_out"
+    assert {"results.csv", "cp_benchmark.md", "run.json", "logs"} <= {p.name for p in out.iterdir()}
     frame = results(out)
     assert list(frame.columns[: len(CONTRACT)]) == CONTRACT
     assert len(frame) == 4 and set(frame["kind"]) == {"point"}
@@ -104,13 +84,24 @@ def test_same_config_same_checksums_other_seed_others(tmp_path):
     first, again, other = checksums("a"), checksums("b"), checksums("c", "seed=1")
     assert first == again
     assert all(x != y for x, y in zip(first, other, strict=True))
+    # A training row times each phase of its step.
+    row = results(tmp_path / "a").iloc[0]
+    assert row["workflow"] == "training" and row["status"] == "ok"
+    for phase in ("forward_ms", "backward_ms", "optimizer_ms"):
+        assert row[phase] > 0
+    assert row["walltime_ms"] == pytest.approx(
+        row["forward_ms"] + row["backward_ms"] + row["optimizer_ms"], rel=0.5
+    )
 
 
-def test_rerun_resumes_instead_of_measuring_again(tmp_path):
-    out = tmp_path / "out"
-    args = ("topology.cp=1", *FAST, f"output_dir={out}")
-    ok(cpbench(*args, "sweep.n_tokens=[16]", cwd=tmp_path))
-    proc = ok(cpbench(*args, "sweep.n_tokens=[16,32]", cwd=tmp_path))
+def test_env_var_sets_the_output_dir_and_a_rerun_resumes_instead_of_measuring_again(tmp_path):
+    out = tmp_path / "elsewhere"
+    args = ("topology.cp=1", *FAST)
+    ok(cpbench(*args, "sweep.n_tokens=[16]", cwd=tmp_path, env={"CPBENCH_OUTPUT_DIR": str(out)}))
+    assert [p.name for p in tmp_path.iterdir()] == ["elsewhere"]
+    assert (out / "results.csv").exists()
+    # The same settings again (the folder named by output_dir this time), one point more.
+    proc = ok(cpbench(*args, "sweep.n_tokens=[16,32]", f"output_dir={out}", cwd=tmp_path))
     assert "1 point(s) to measure" in proc.stderr
     assert list(results(out)["N_tokens"]) == [16, 32]
 

@@ -69,27 +69,6 @@ def test_torchrun_runs_one_rank_per_process(tmp_path, extra):
     assert proc.stderr.count("point(s) to measure") == 1  # ... and only rank 0
 
 
-def test_training_times_each_phase(tmp_path):
-    out = tmp_path / "out"
-    ok(
-        cpbench(
-            "topology.cp=2",
-            "workflow=training",
-            "sweep.n_tokens=[32]",
-            *FAST,
-            f"output_dir={out}",
-            cwd=tmp_path,
-        )
-    )
-    row = results(out).iloc[0]
-    assert row["workflow"] == "training" and row["status"] == "ok"
-    for phase in ("forward_ms", "backward_ms", "optimizer_ms"):
-        assert row[phase] > 0
-    assert row["walltime_ms"] == pytest.approx(
-        row["forward_ms"] + row["backward_ms"] + row["optimizer_ms"], rel=0.5
-    )
-
-
 def test_adapter_module_runs_unchanged(tmp_path):
     out = tmp_path / "out"
     ok(

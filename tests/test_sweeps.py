@@ -88,6 +88,10 @@ def test_multirun_with_submitit_local_gives_each_job_its_own_ranks(tmp_path):
     _check_merged_sweep(out, [16])
     logs = sorted(p.name for p in (out / ".submitit").rglob("*_log.out"))
     assert len(logs) == 2 and all(name.endswith("_0_log.out") for name in logs)  # one task per job
+    # One job after another: a job writes run.json as it starts and results.csv as it ends.
+    jobs = list(out.glob("*_cp*"))
+    spans = sorted(((j / "run.json").stat().st_mtime, (j / "results.csv").stat().st_mtime) for j in jobs)
+    assert len(spans) == 2 and spans[0][1] <= spans[1][0], spans
 
 
 def test_a_failed_job_is_listed_and_the_sweep_goes_on(tmp_path):
