@@ -39,19 +39,18 @@ def rank_processes() -> multiprocessing.context.BaseContext:
     return multiprocessing.get_context("forkserver")
 
 
-# Seconds each of the slowest files took (`pytest -v --durations=0` at 6df47db, summed per file, setup
-# included, less the five tests merged into others since): refresh when a file grows or shrinks by much.
-# The rest take under 10 s each.
+# Seconds each of the slowest files took (`pytest -v --durations=0 -n 3` at 991cbf1, summed per file,
+# setup included): refresh when a file grows or shrinks by much. The rest take under 10 s each.
 FILE_SECONDS = {
-    "test_slurm_requeue.py": 151, "test_sweeps.py": 98, "test_adapters.py": 90, "test_slurm.py": 82,
-    "test_faults.py": 81, "test_slurm_cluster.py": 80, "test_inputs_complex_runs.py": 75, "test_probe.py": 72,
-    "test_runs.py": 58, "test_measurement.py": 55, "test_user_paths.py": 55,
-    "test_path_matrix_training.py": 46, "test_fold_workload.py": 39, "test_path_matrix_inference.py": 32,
-    "test_modes.py": 31, "test_pairformer_cp.py": 30, "test_outputs.py": 28, "test_baseline.py": 28,
-    "test_flops_runs.py": 19, "test_convergence.py": 18, "test_fold_chunked.py": 18,
-    "test_experiments.py": 16, "test_predict.py": 15, "test_check.py": 15, "test_report.py": 14,
-    "test_pairformer_ops.py": 13, "test_fold_cp.py": 12, "test_pairformer_workload.py": 12,
-    "test_failures.py": 12, "test_flops.py": 11,
+    "test_slurm_requeue.py": 168, "test_probe.py": 101, "test_inputs_complex_runs.py": 85,
+    "test_slurm.py": 79, "test_faults.py": 77, "test_adapters.py": 76, "test_slurm_cluster.py": 74,
+    "test_sweeps.py": 72, "test_path_matrix_training.py": 62, "test_runs.py": 61, "test_user_paths.py": 60,
+    "test_measurement.py": 55, "test_fold_workload.py": 45, "test_pairformer_cp.py": 44,
+    "test_path_matrix_inference.py": 39, "test_baseline.py": 37, "test_outputs.py": 37,
+    "test_flops_runs.py": 36, "test_modes.py": 32, "test_fold_chunked.py": 24, "test_experiments.py": 23,
+    "test_convergence.py": 22, "test_report.py": 18, "test_check.py": 17, "test_pairformer_ops.py": 17,
+    "test_predict.py": 17, "test_fold_cp.py": 16, "test_pairformer_workload.py": 12, "test_identity.py": 12,
+    "test_failures.py": 11, "test_flops.py": 10,
 }  # fmt: skip
 
 
@@ -59,9 +58,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Every test not marked unit is in the end-to-end lane (`pytest -m e2e`).
 
     The files go to the workers longest first (a file's tests stay on one worker, `--dist loadfile`):
-    the longest-processing-time rule, so that no worker is left with a long file while the other has
+    the longest-processing-time rule, so that no worker is left with a long file while the others have
     finished. The slow SLURM files lead that list anyway (a worker mostly waits on the scheduler there,
-    while the other keeps the cores busy); the in-process files, quick, fill the last gaps. xdist keeps
+    while the others keep the cores busy); the in-process files, quick, fill the last gaps. xdist keeps
     this order only with `--no-loadscope-reorder` (pyproject's addopts): by default it sends the files
     with the most tests first, the many quick in-process ones, and the slow files ran last (on this
     2-core machine the suite took 11m34s in xdist's order at f4139c8, 10m42s in this one)."""
