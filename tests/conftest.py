@@ -33,8 +33,9 @@ FAST = [*TIMING, "probe.enabled=false"]  # walltime points only: tests of the pr
 
 def rank_processes() -> multiprocessing.context.BaseContext:
     """Processes for the ranks a test starts itself: forked from a server that loaded torch and cpbench
-    once per test worker, instead of spawned, each importing them anew (seconds of CPU per rank). Never
-    forked from the test process itself, whose threads a fork would copy half."""
+    once per test worker (as the local launcher's ranks are), instead of spawned, each importing them
+    anew (seconds of CPU per rank). Never forked from the test process itself, whose threads a fork
+    would copy half."""
     multiprocessing.set_forkserver_preload(["cpbench.launch.rank_image", "cpbench.models.fold"])
     return multiprocessing.get_context("forkserver")
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import BASE, FAST, TESTS, TIMING, cpbench, ok, refused, results, run_cmd
+from conftest import BASE, FAST, TESTS, TIMING, cpbench, ok, refused, results
 
 # A deterministic edge: rank 1 runs out of memory building any batch of N >= 256 (agreed in-process),
 # so the probe's answer is max fit 192, first failure 256, whatever else happens.
@@ -31,34 +31,6 @@ def max_fit(out: Path) -> tuple[int, int]:
     row = results(out).query("kind == 'max-fit'")
     assert len(row) == 1
     return int(row["N_tokens"].iloc[0]), int(row["oom_at"].iloc[0])
-
-
-# A launching process that computes before it forks, and a rank forked from it that uses two threads.
-FORKED_AFTER_COMPUTE = """
-import multiprocessing, torch
-from cpbench.launch import local
-
-def work():
-    return (torch.randn(512, 512) @ torch.randn(512, 512)).exp().sum()
-
-def rank():
-    torch.set_num_threads(2)
-    work()
-
-local._load_rank_image()  # what the launcher does before its first fork
-work()
-child = multiprocessing.get_context("fork").Process(target=rank)
-child.start()
-child.join(60)
-print("exit code", child.exitcode)
-"""
-
-
-def test_a_rank_forked_from_the_launcher_runs_on_threads_of_its_own(tmp_path):
-    """GNU OpenMP (torch's CPU build) hangs a forked child in its first parallel region once the parent
-    had started its thread pool; the launcher keeps to one thread, whatever it computes before a fork."""
-    proc = run_cmd([sys.executable, "-c", FORKED_AFTER_COMPUTE], tmp_path, timeout=90)
-    assert proc.returncode == 0 and proc.stdout.strip() == "exit code 0", proc.stderr
 
 
 def test_a_kill_at_a_fitting_probe_n_is_retried_and_the_answer_is_a_clean_runs(tmp_path):

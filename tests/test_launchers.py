@@ -45,7 +45,9 @@ def plain_process(monkeypatch):
 def test_the_registry_picks_the_launcher_from_settings_then_environment(plain_process):
     local = registry.launcher_for(_settings())
     assert type(local) is LocalLauncher and local.leads and local.runs_here and local.starts_runs
-    assert local.settings.cp == 2 and registry.launcher_for(_settings("topology.cp=1")).settings.cp == 1
+    assert not local.settings.in_process  # cp=2: the ranks are processes of their own
+    assert registry.launcher_for(_settings("topology.cp=1")).settings.in_process
+    assert not registry.launcher_for(_settings("topology.cp=1"), in_sweep=True).settings.in_process
     on_slurm = registry.launcher_for(_settings("slurm.enabled=true"))
     assert type(on_slurm) is SlurmLauncher and not on_slurm.runs_here and not on_slurm.starts_runs
     plain_process.setenv("TORCHELASTIC_RUN_ID", "x")

@@ -84,7 +84,7 @@ def run_baseline(settings: BenchConfig, root: Path, notify: Notify) -> RunFolder
     with folder.lock():
         folder.clear_failure()
         try:
-            alone = LocalSettings(1, base.launch.max_restarts, base.dist.backend)
+            alone = LocalSettings(1, base.launch.max_restarts, in_process=False, backend=base.dist.backend)
             LocalLauncher(alone).start(RunSpec(settings=base, output_dir=str(folder.root)), None, notify)
         except ShapeDoesNotFit as failure:  # what CP is for: the CP run may fit it
             close_failed(folder, 1, "oom", failure.message)

@@ -1,19 +1,20 @@
 """The local launcher: `cp` ranks on this machine through torch's elastic launch API (rendezvous on a
-free localhost port), relaunched after a crash."""
+free localhost port), relaunched after a crash; or one rank in this process (cp=1 outside a sweep)."""
 
 from __future__ import annotations
 
 import json
 import logging
+import multiprocessing
 import signal
 import tempfile
 import time
 import uuid
 from dataclasses import dataclass
+from multiprocessing import forkserver
 from pathlib import Path
 from typing import Any
 
-import torch
 from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
@@ -35,22 +36,27 @@ from cpbench.results.folder import RunFolder
 from cpbench.settings.schema import BenchConfig
 from cpbench.workloads.base import Workload
 
+# The longest temporary folder the forkserver's socket fits under (it adds 32 bytes:
+# "/pymp-XXXXXXXX/listener-XXXXXXXX").
+_SOCKET_BASE_MAX = 70
 # How long a rank that failed only because a peer died waits before it ends (`_rank`).
 _CONSEQUENCE_GRACE_S = 2.0
 
 
 @dataclass(frozen=True)
 class LocalSettings:
-    """The local launcher's settings: how many ranks, how often they relaunch, on which backend."""
+    """The local launcher's settings: how many ranks, how often they relaunch, and whether one rank
+    runs in this very process (cp=1 outside a sweep: in a sweep every job's ranks are processes of
+    their own, so that one job leaves nothing behind in the next)."""
 
     cp: int
     max_restarts: int
+    in_process: bool
     backend: str | None
 
 
 class LocalLauncher(Launcher):
-    """The default: cpbench starts the ranks itself, on this machine, each a process of its own (cp=1
-    too), forked from this one, which computes nothing itself (`_load_rank_image`)."""
+    """The default: cpbench starts the ranks itself, on this machine."""
 
     def __init__(self, settings: LocalSettings):
         self.settings = settings
@@ -61,7 +67,9 @@ class LocalLauncher(Launcher):
 
     @classmethod
     def from_settings(cls, settings: BenchConfig, in_sweep: bool) -> LocalLauncher:
-        return cls(LocalSettings(settings.topology.cp, settings.launch.max_restarts, settings.dist.backend))
+        cp = settings.topology.cp
+        return cls(LocalSettings(cp, settings.launch.max_restarts, cp == 1 and not in_sweep,
+                                 settings.dist.backend))  # fmt: skip
 
     def validate(self, topology: Topology, ranks_run: bool = True) -> None:
         if ranks_run:
@@ -69,7 +77,13 @@ class LocalLauncher(Launcher):
 
     def start(self, spec: RunSpec, workload: Workload | None, notify: Notify) -> Finished:
         """Raises ShapeDoesNotFit (a run of one fixed shape out of memory) or RankFailure."""
-        launch_local(spec, self.settings.cp, self.settings.max_restarts, notify)
+        try:
+            if self.settings.in_process:
+                run_rank(spec, workload)
+            else:
+                launch_local(spec, self.settings.cp, self.settings.max_restarts, notify)
+        except DoesNotFit as err:  # in this process
+            raise ShapeDoesNotFit(str(err)) from None
         return Finished()
 
 
@@ -134,7 +148,7 @@ def launch_local(spec: RunSpec, nprocs: int, max_restarts: int, notify: Notify) 
 def _launch_once(spec: RunSpec, nprocs: int) -> None:
     log_dir = RunFolder(spec.output_dir).launch_logs
     log_dir.mkdir(parents=True, exist_ok=True)
-    _load_rank_image()
+    _start_forkserver()
     config = LaunchConfig(
         min_nodes=1,
         max_nodes=1,
@@ -144,7 +158,7 @@ def _launch_once(spec: RunSpec, nprocs: int) -> None:
         run_id=str(uuid.uuid4()),
         max_restarts=0,
         monitor_interval=0.1,
-        start_method="fork",
+        start_method="forkserver",
         logs_specs=DefaultLogsSpecs(log_dir=str(log_dir)),
     )
     # The agent logs each failure at length; cpbench reports it in one message instead.
@@ -166,17 +180,22 @@ def _launch_once(spec: RunSpec, nprocs: int) -> None:
         tempfile.tempdir = tempdir
 
 
-def _load_rank_image() -> None:
-    """The ranks fork from this process (torch's `fork` start method) once it has loaded the rank loop,
-    torch and the FLOP counter (`rank_image`), rather than each loading them anew: seconds of CPU per
-    rank and per relaunch. Every launch forks anew from the same process (a restart, a sweep's or a
-    plan's next run), and that process computes nothing itself: it reads settings, plans on fake
-    tensors and waits. Two things a forked rank could not use once its parent had started them stay
-    unstarted here: CUDA (`runtime.rank.pick_backend` and `check_gpus` count GPUs through NVML), and
-    OpenMP's thread pool (GNU OpenMP's children hang in their first parallel region), kept from ever
-    starting by one thread; each rank sets its own share of the cores."""
-    torch.set_num_threads(1)
-    import cpbench.launch.rank_image  # noqa: F401  (loaded once, frozen out of the garbage collector)
+def _start_forkserver() -> None:
+    """The ranks fork from one server process that has loaded the rank loop, torch and the FLOP counter
+    once (`rank_image`), rather than each loading them anew: seconds of CPU per rank and per relaunch,
+    and the same ranks otherwise (a process that has computed nothing, its environment set by the
+    agent). The server is this process's, reused by every launch it makes (a restart, a sweep's next
+    job), and ends with it.
+
+    Its socket lives in a folder under the temporary folder, and a socket's path is bounded (107 bytes
+    on Linux): under a long TMPDIR the folder goes to /tmp instead, as Python 3.12 does itself."""
+    multiprocessing.set_forkserver_preload(["cpbench.launch.rank_image"])
+    base = tempfile.gettempdir()
+    tempdir, tempfile.tempdir = tempfile.tempdir, base if len(base) <= _SOCKET_BASE_MAX else "/tmp"
+    try:
+        forkserver.ensure_running()
+    finally:
+        tempfile.tempdir = tempdir
 
 
 def _rank(spec: RunSpec) -> None:

@@ -1,5 +1,5 @@
-"""What the local launcher loads before it forks its ranks: the rank loop (and torch with it) and the
-FLOP counter's first use, which otherwise cost each rank seconds of CPU at start.
+"""What the local launcher's forkserver loads once, for every rank it forks: the rank loop (and torch
+with it) and the FLOP counter's first use, which otherwise cost each rank seconds of CPU at start.
 
 All of it is loaded outside the garbage collector and frozen (`runtime.startup.loaded`): a rank
 collects before every point (`measure.memory.release`), and walking the hundreds of thousands of

@@ -390,6 +390,6 @@ def summary(prediction: Prediction) -> list[str]:
     ranks = ", ".join(str(r) for r in prediction.ranks)
     lines.append(f"traced ranks: {ranks}; budget {prediction.budget_gib:g} GiB per rank")
     lines.append(f"predicted max N_tokens: {prediction.proposal if prediction.proposal else 'none fits'}")
-    if not torch.cuda.device_count():  # the target device is not here: say what the estimate leaves out
+    if not torch.cuda.is_available():  # the target device is not here: say what the estimate leaves out
         lines.append(f"assumes: {ASSUMPTIONS}")
     return lines

@@ -15,10 +15,7 @@ from cpbench.runtime.mesh import build_mesh
 
 
 def pick_backend(requested: str | None) -> str:
-    """NCCL where there are GPUs. They are counted as `torch.cuda.device_count` does, through NVML, which
-    leaves CUDA uninitialised: the local launcher asks this before it forks its ranks, and a rank forked
-    from a process that had initialised CUDA could not use it (`torch.cuda.is_available` would have)."""
-    return requested or ("nccl" if torch.cuda.device_count() > 0 else "gloo")
+    return requested or ("nccl" if torch.cuda.is_available() else "gloo")
 
 
 def device_type(backend: str) -> str:
