@@ -51,7 +51,7 @@ FILE_SECONDS = {
     "test_modes.py": 44, "test_flops_runs.py": 40, "test_fold_chunked.py": 29, "test_check.py": 24,
     "test_convergence.py": 24, "test_predict.py": 22, "test_experiments.py": 22, "test_report.py": 20,
     "test_pairformer_ops.py": 20, "test_fold_cp.py": 17, "test_flops.py": 16, "test_failures.py": 11,
-    "test_pairformer_workload.py": 10,
+    "test_pairformer_workload.py": 10, "test_rank_server.py": 20,
 }  # fmt: skip
 
 

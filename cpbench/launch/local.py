@@ -5,13 +5,11 @@ from __future__ import annotations
 
 import json
 import logging
-import multiprocessing
 import signal
 import tempfile
 import time
 import uuid
 from dataclasses import dataclass
-from multiprocessing import forkserver
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +18,7 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from cpbench.core import DoesNotFit, Topology
+from cpbench.launch import rank_server
 from cpbench.launch.base import (
     Finished,
     Launcher,
@@ -36,9 +35,6 @@ from cpbench.results.folder import RunFolder
 from cpbench.settings.schema import BenchConfig
 from cpbench.workloads.base import Workload
 
-# The longest temporary folder the forkserver's socket fits under (it adds 32 bytes:
-# "/pymp-XXXXXXXX/listener-XXXXXXXX").
-_SOCKET_BASE_MAX = 70
 # How long a rank that failed only because a peer died waits before it ends (`_rank`).
 _CONSEQUENCE_GRACE_S = 2.0
 
@@ -148,7 +144,7 @@ def launch_local(spec: RunSpec, nprocs: int, max_restarts: int, notify: Notify) 
 def _launch_once(spec: RunSpec, nprocs: int) -> None:
     log_dir = RunFolder(spec.output_dir).launch_logs
     log_dir.mkdir(parents=True, exist_ok=True)
-    _start_forkserver()
+    rank_server.ensure_running("cpbench.launch.rank_image")
     config = LaunchConfig(
         min_nodes=1,
         max_nodes=1,
@@ -176,24 +172,6 @@ def _launch_once(spec: RunSpec, nprocs: int) -> None:
         elastic_launch(config, _rank)(spec)
     except ChildFailedError as err:
         raise _failure(err) from None
-    finally:
-        tempfile.tempdir = tempdir
-
-
-def _start_forkserver() -> None:
-    """The ranks fork from one server process that has loaded the rank loop, torch and the FLOP counter
-    once (`rank_image`), rather than each loading them anew: seconds of CPU per rank and per relaunch,
-    and the same ranks otherwise (a process that has computed nothing, its environment set by the
-    agent). The server is this process's, reused by every launch it makes (a restart, a sweep's next
-    job), and ends with it.
-
-    Its socket lives in a folder under the temporary folder, and a socket's path is bounded (107 bytes
-    on Linux): under a long TMPDIR the folder goes to /tmp instead, as Python 3.12 does itself."""
-    multiprocessing.set_forkserver_preload(["cpbench.launch.rank_image"])
-    base = tempfile.gettempdir()
-    tempdir, tempfile.tempdir = tempfile.tempdir, base if len(base) <= _SOCKET_BASE_MAX else "/tmp"
-    try:
-        forkserver.ensure_running()
     finally:
         tempfile.tempdir = tempdir
 
