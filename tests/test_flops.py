@@ -112,24 +112,23 @@ def test_efficiency_divides_by_ranks_walltime_and_peak():
 
 
 def test_the_cpu_gemm_rate_agrees_with_torch_utils_benchmark():
-    """The measured CPU peak within 10% of torch.utils.benchmark's median for the same GEMM on the same
-    threads. One thread, as each of two ranks gets on this machine (and the suite's two workers each
-    have a core); the load still moves between the two timings, so the best of five pairs decides."""
-    n, errors, threads = peaks.CPU_GEMM_N, [], torch.get_num_threads()
+    """The measured CPU peak within 10% of torch.utils.benchmark's fastest product for the same GEMM
+    on the same thread (one, as each of two ranks gets on this machine). Both sides take their fastest
+    product and the two alternate, ten times each, so that both sample the same load: the suite's
+    other workers share these cores, and two medians timed a second apart once differed by 2x."""
+    n, threads = peaks.CPU_GEMM_N, torch.get_num_threads()
     a, b, out = torch.randn(n, n), torch.randn(n, n), torch.empty(n, n)
     timer = benchmark.Timer("torch.mm(a, b, out=out)", globals=dict(torch=torch, a=a, b=b, out=out),
                             num_threads=1)  # fmt: skip
     torch.set_num_threads(1)
     try:
-        for _ in range(5):
-            ours = peaks.measure_gemm(n, torch.float32).tflops
-            theirs = 2 * n**3 / timer.blocked_autorange(min_run_time=0.5).median / 1e12
-            errors.append(abs(ours - theirs) / theirs)
-            if errors[-1] < 0.10:
-                break
+        ours, theirs = [], []
+        for _ in range(10):
+            ours.append(peaks.measure_gemm(n, torch.float32).tflops)
+            theirs.append(2 * n**3 / min(timer.timeit(1).times[0] for _ in range(10)) / 1e12)
     finally:
         torch.set_num_threads(threads)
-    assert min(errors) < 0.10, errors
+    assert abs(max(ours) - max(theirs)) / max(theirs) < 0.10, (ours, theirs)
 
 
 def _rows(mfu: float | None) -> pd.DataFrame:
