@@ -99,9 +99,7 @@ def measure_gemm(n: int, dtype: torch.dtype, repeats: int = 10) -> GemmRate:
         start = time.perf_counter()
         torch.mm(a, b, out=out)
         seconds.append(time.perf_counter() - start)
-    return GemmRate(
-        n, str(dtype).removeprefix("torch."), torch.get_num_threads(), repeats, min(seconds)
-    )
+    return GemmRate(n, str(dtype).removeprefix("torch."), torch.get_num_threads(), repeats, min(seconds))
 
 
 CPU_GEMM_N = 512  # 0.27 GFLOP a product: milliseconds on one core, long beside the clock's resolution
