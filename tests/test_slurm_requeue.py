@@ -46,7 +46,10 @@ def test_a_job_out_of_requeues_leaves_its_point_to_the_next_run(slurm_cluster, t
     submitit checkpoints and requeues once (max_requeues=1), then the second timeout ends the job. The
     point in flight was interrupted, not broken: the run says so in one line, and the same command run
     again measures it; every point is measured once, none lost (issue 26, item 4). The signals come
-    while the FLOP count runs the step, which is where most of a point's time goes here."""
+    while the FLOP count runs the step, which is where most of a point's time goes here. The requeue is
+read from SLURM (`Restarts`), not from submitit's "Requeued job ... (0 remaining timeouts)": submitit
+logs that after `scontrol requeue` returns, when SLURM may already have ended the task, and it was
+missing once."""
     env, step = _slow_env(tmp_path, slurm_cluster, 9.0)  # 10 s a point: 160 s of work, two runs of < 60 s
     (tmp_path / "slow_steps.py").write_text(SLOW_COUNT)
     sweep = list(range(16, 16 * 17, 16))
@@ -64,10 +67,9 @@ def test_a_job_out_of_requeues_leaves_its_point_to_the_next_run(slurm_cluster, t
     assert found, said
     in_flight = int(found.group(1))
     job = slurm_cluster.ended(job_id)
-    assert (job["JobState"], job["Restarts"]) == ("FAILED", "1"), job
+    assert (job["JobState"], job["Restarts"]) == ("FAILED", "1"), job  # requeued once, by SLURM's count
     log = _task_log(out, job_id, 0, "err")
     assert log.count("Caught signal SIGUSR2 on") == 2, log
-    assert f"Requeued job {job_id} (0 remaining timeouts)" in _task_log(out, job_id, 0)
     before = results(out)
     assert set(before["status"]) == {"ok"} and in_flight not in set(before["N_tokens"])
     assert said[0].startswith("cpbench: " + json.loads((out / "failure.json").read_text())["error"])
