@@ -47,9 +47,9 @@ def test_a_job_out_of_requeues_leaves_its_point_to_the_next_run(slurm_cluster, t
     point in flight was interrupted, not broken: the run says so in one line, and the same command run
     again measures it; every point is measured once, none lost (issue 26, item 4). The signals come
     while the FLOP count runs the step, which is where most of a point's time goes here. The requeue is
-read from SLURM (`Restarts`), not from submitit's "Requeued job ... (0 remaining timeouts)": submitit
-logs that after `scontrol requeue` returns, when SLURM may already have ended the task, and it was
-missing once."""
+    read from SLURM (`Restarts`), not from submitit's "Requeued job ... (0 remaining timeouts)": submitit
+    logs that after `scontrol requeue` returns, when SLURM may already have ended the task, and it was
+    missing once."""
     env, step = _slow_env(tmp_path, slurm_cluster, 9.0)  # 10 s a point: 160 s of work, two runs of < 60 s
     (tmp_path / "slow_steps.py").write_text(SLOW_COUNT)
     sweep = list(range(16, 16 * 17, 16))
