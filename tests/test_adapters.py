@@ -23,30 +23,32 @@ BOUNDED = ["dist.agree_timeout_s=5", "dist.timeout_s=900"]
 
 @pytest.fixture(scope="module")
 def inference(tmp_path_factory):
-    """The DTensor module at 2x2, twice with one config; the second run with its cp=1 baseline (a 1x1
-    grid of the same (cp0, cp1) mesh), whose rows are the one-rank result."""
+    """The DTensor module at 2x2, twice with one model config; the second run with its cp=1 baseline
+    (a 1x1 grid of the same (cp0, cp1) mesh), whose rows are the one-rank result, and with
+    measure.profile_comm=true, which times the collectives without changing what is computed."""
     root = tmp_path_factory.mktemp("dtensor")
-    runs = {}
-    for name, extra in (("first", []), ("again", ["baseline=true"])):
+    runs, reports = {}, {}
+    for name, extra in (("first", []), ("again", ["baseline=true", "measure.profile_comm=true"])):
         proc = ok(cpbench(*GRID, *POINTS, *extra, f"output_dir={root / name}", cwd=root, timeout=300))
         assert "baseline failed" not in proc.stderr
         frame = results(root / name)
         runs[name] = frame[frame["source"] != BASELINE].reset_index(drop=True)
+        reports[name] = (root / name / "cp_benchmark.md").read_text()
     frame = results(root / "again")
     runs["one"] = frame[frame["source"] == BASELINE].reset_index(drop=True)
-    return runs, (root / "again" / "cp_benchmark.md").read_text()
+    return runs, reports
 
 
 def test_dtensor_module_runs_unchanged_at_2x2(inference):
-    runs, report = inference
+    runs, reports = inference
     frame = runs["first"]
     assert list(frame["status"]) == ["ok", "ok"] and set(frame["grid"]) == {"2x2"}
     assert frame["walltime_ms"].gt(0).all()
     assert frame["comm_ms"].isna().all()  # its collectives bypass cpbench's ledger: blank, not 0
-    assert "Time in collectives is not known at cp=4" in report and "-bound" not in report
+    assert "Time in collectives is not known at cp=4" in reports["first"] and "-bound" not in reports["first"]
 
 
-def test_the_same_config_gives_the_same_checksums(inference):
+def test_the_same_config_gives_the_same_checksums_profiled_or_not(inference):
     runs, _ = inference
     assert list(runs["first"]["checksum"]) == list(runs["again"]["checksum"])
 
@@ -63,10 +65,10 @@ def test_the_dtensor_modules_flops_are_counted_once_per_rank_share(inference):
     """DTensor ops counted at the local shapes DTensor runs and summed over the ranks (counted at the
     DTensor's global shape, or with DTensor's own shape propagation, every rank would add the whole
     model again): at 2x2 and at cp=1 (1x1), each as the module runs it."""
-    runs, report = inference
+    runs, reports = inference
     for frame, ranks in ((runs["first"], 4), (runs["one"], 1)):
         assert counted(frame) == [dtensor_pair_flops(n, ranks) for n in frame["N_tokens"]]
-    assert "### Hardware efficiency" in report and "not a datasheet" in report
+    assert "### Hardware efficiency" in reports["again"] and "not a datasheet" in reports["again"]
 
 
 def test_training_the_module_steps_itself(tmp_path):
@@ -79,10 +81,9 @@ def test_training_the_module_steps_itself(tmp_path):
     assert frame[["forward_ms", "backward_ms", "optimizer_ms"]].isna().all().all()
 
 
-def test_profile_comm_sees_the_models_own_collectives(tmp_path):
-    out = tmp_path / "out"
-    ok(cpbench(*GRID, *POINTS, "measure.profile_comm=true", f"output_dir={out}", cwd=tmp_path, timeout=240))
-    frame = results(out)
+def test_profile_comm_sees_the_models_own_collectives(inference):
+    runs, _ = inference
+    frame = runs["again"]
     assert frame["comm_ms"].gt(0).all() and (frame["comm_ms"] < frame["walltime_ms"]).all()
 
 

@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.utils.benchmark as benchmark
 from flops_expected import axial_mix_flops, builtin, count_in_process
+from test_fold_workload import SIZES
 
 from cpbench.core import Shape
 from cpbench.measure.flops import FlopCount, efficiency
@@ -63,10 +64,11 @@ def test_axial_mix_counts_its_linears_and_training_three_times_them():
 
 
 def test_fold_sampling_steps_and_recycling_count_in_proportion():
-    """Every sampling step and every trunk pass is traced whole: one more of either adds the same."""
-    steps = [_count(builtin("fold_small", f"workload.sampling.steps={k}")[0], False) for k in (1, 2, 3)]
+    """Every sampling step and every trunk pass is traced whole: one more of either adds the same (the
+    fold model at its test sizes, tests/test_fold_cp.py)."""
+    steps = [_count(builtin("fold", *SIZES, f"workload.sampling.steps={k}")[0], False) for k in (1, 2, 3)]
     assert steps[2] - steps[1] == steps[1] - steps[0] > 0
-    cycles = [_count(builtin("fold_small", f"workload.n_cycles={k}")[0], False) for k in (1, 2, 3)]
+    cycles = [_count(builtin("fold", *SIZES, f"workload.n_cycles={k}")[0], False) for k in (1, 2, 3)]
     assert cycles[2] - cycles[1] == cycles[1] - cycles[0] > 0
 
 

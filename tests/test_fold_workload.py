@@ -32,8 +32,11 @@ def test_torchrun_sweeps_atoms_and_msa_depth(tmp_path) -> None:
 
 
 def test_cli_training_2d(tmp_path) -> None:
+    """One trunk pass (recycling in training is checked against one rank in tests/test_fold_cp.py): the
+    FLOP count of a training step, on fake tensors, is most of this run's time."""
     out = tmp_path / "out"
-    ok(cpbench("workload=fold_small", *SIZES, *FAST, "workflow=training", "topology.kind=2d", "topology.cp=4",
+    ok(cpbench("workload=fold_small", *SIZES, "workload.n_cycles=1", *FAST, "workflow=training",
+               "topology.kind=2d", "topology.cp=4",
                "sweep.n_tokens=[14]", "sweep.n_atoms=[120]", "sweep.msa_depth=[3]", f"output_dir={out}",
                cwd=tmp_path, timeout=300))  # fmt: skip
     frame = results(out)

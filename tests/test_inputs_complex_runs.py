@@ -1,7 +1,8 @@
 """A complex input through the real entry point: `-m data.path=a.json,a.yaml,a.npz` sweeps over the
 inputs (one job each, merged), every row records the input's name, chains and real sizes, the three
 formats give one checksum, and 1d cp=2 and 2d 2x2 runs of fold_small agree with the cp=1 row.
-Cheap on purpose: one sampling step, one warm-up and one timed step, no probe, the smaller example."""
+Cheap on purpose: the fold model's test sizes (tests/test_fold_cp.py), one trunk pass, one sampling
+step, one warm-up and one timed step, no probe, the smaller example."""
 
 from __future__ import annotations
 
@@ -9,12 +10,13 @@ from pathlib import Path
 
 import pytest
 from conftest import TIMING, cpbench, ok, results
+from test_fold_workload import SIZES
 
 from cpbench.inputs.convert import main as convert
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "inputs"
-RUN = ["workload=fold_small", "workload.sampling.steps=1", *TIMING, "timing.repeats=1",
-       "timing.repeats_max=1", "probe.enabled=false"]  # fmt: skip
+RUN = ["workload=fold_small", *SIZES, "workload.n_cycles=1", "workload.sampling.steps=1", *TIMING,
+       "timing.repeats=1", "timing.repeats_max=1", "probe.enabled=false"]  # fmt: skip
 RTOL = 1e-5  # mode=accuracy's float32 tolerance across CP layouts
 
 

@@ -97,9 +97,11 @@ def test_oom_inside_the_step_restarts_and_resumes(tmp_path):
 
 
 def test_killed_job_resumes_without_rerunning_finished_n(tmp_path):
+    """A 0.3 GiB cap: the probe's edge is near N=850 here, its steps a fraction of a second each (at
+    1 GiB, near 1,650 and seconds each, for nothing more to see)."""
     out = tmp_path / "out"
     args = [sys.executable, "-m", "cpbench", *BASE, "topology.cp=2", *PROBE,
-            "memory.cpu_budget_gib=1", "probe.measure_at_max=false", f"output_dir={out}"]  # fmt: skip
+            "memory.cpu_budget_gib=0.3", "probe.measure_at_max=false", f"output_dir={out}"]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(TESTS)}
     job = subprocess.Popen(
         args,
