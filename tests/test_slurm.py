@@ -141,6 +141,21 @@ def test_the_sbatch_script_is_built_without_a_cluster(tmp_path):
 
 
 @pytest.mark.unit
+def test_a_jobs_master_port_is_its_ids_and_below_the_ephemeral_ports():
+    """Every task and every requeue of a job computes the same port from the job id; no job's port is
+    one the kernel hands to outgoing connections (Linux's default ephemeral range starts at 32768).
+    submitit's own pick for job 4385302 (20000-60000, from the id) was 35151, which a connection on the
+    machine held: that job's rank 0 failed with EADDRINUSE in a run of the suite."""
+    from cpbench.launch.slurm.job import master_port
+
+    ids = [str(4385300 + i) for i in range(2000)] + ["4385302_7"]  # an array task's id too
+    ports = [master_port(job) for job in ids]
+    assert ports == [master_port(job) for job in ids]
+    assert min(ports) >= 20000 and max(ports) < 32768
+    assert len(set(ports)) > 1800  # spread over the range, as submitit's are over theirs
+
+
+@pytest.mark.unit
 def test_the_end_of_a_job_passes_every_except_exception():
     """submitit's USR2 handler raises UncompletedJobError where the rank is when it will not requeue the
     job. The FLOP count catches Exception (a step it cannot trace) and took it for that: the rank went

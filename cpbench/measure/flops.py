@@ -33,6 +33,7 @@ from cpbench.distributed.dtensor import is_dtensor_type
 from cpbench.measure.point import PointResult
 from cpbench.runtime.compile_cache import import_dynamo
 from cpbench.runtime.seed import seed_all
+from cpbench.runtime.startup import loaded
 from cpbench.workloads.base import Contract, Workload
 
 # Operator namespaces whose ops compute nothing a FLOP counter should see, or are counted through.
@@ -139,16 +140,20 @@ _loaded = False
 def load_counter() -> None:
     """Count one small step, for what the counter imports and caches on its first use (tens of MiB
     on CPU and about a second): loaded before the memory cap is set, it is part of the rank's
-    baseline, not of the cap. Once per process; a rank forked from a process that loaded it has it."""
+    baseline, not of the cap. Once per process; a rank forked from a process that loaded it has it.
+    What it loads lives as long as the process and is frozen out of the garbage collector, as a
+    process's imports are (`runtime.startup.loaded`): left in, torch._dynamo's objects were walked by
+    every collection after it, 0.05 s each here, and a rank collects before every point."""
     global _loaded
     if _loaded:
         return
     _loaded = True
-    import_dynamo()
-    with FlopCount():
-        weight = torch.ones(8, 8, requires_grad=True)
-        mixed = torch.nn.functional.linear(weight, weight).softmax(-1)
-        torch.einsum("ij,jk->ik", mixed, weight).sum().backward()
+    with loaded():
+        import_dynamo()
+        with FlopCount():
+            weight = torch.ones(8, 8, requires_grad=True)
+            mixed = torch.nn.functional.linear(weight, weight).softmax(-1)
+            torch.einsum("ij,jk->ik", mixed, weight).sum().backward()
 
 
 def count_step(workload: Workload, model: torch.nn.Module, shape: Shape, ctx: RankContext, train: bool,

@@ -19,7 +19,7 @@ from omegaconf import DictConfig
 
 from cpbench.core import ConfigError, Topology
 from cpbench.launch.base import JobFailed, JobState, Launcher, Notify, ScriptWritten, Submitted, Waiting
-from cpbench.launch.slurm.job import build_executor, interrupt, submit
+from cpbench.launch.slurm.job import build_executor, export_torch_environment, interrupt, submit
 from cpbench.launch.slurm.layout import Layout, executor_parameters, layout
 from cpbench.launch.slurm.quiet import children_stderr_to_log, log_submitit_to
 from cpbench.launch.slurm.script import sbatch_script
@@ -134,7 +134,7 @@ class JobTasksLauncher(TorchrunLauncher):
                 f"topology.cp={topology.cp}: this submitit job has {tasks} tasks; give each job one task "
                 "(hydra.launcher.tasks_per_node=1, nodes=1: it launches its own ranks) or exactly cp tasks"
             )
-        submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False, overwrite=True)
+        export_torch_environment()
         super().validate(topology, ranks_run)
 
 

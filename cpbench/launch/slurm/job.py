@@ -13,6 +13,7 @@ import functools
 import logging
 import os
 import signal
+import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict
@@ -47,6 +48,26 @@ def interrupt(folder: RunFolder) -> None:
     WorkInFlight(folder).interrupt()
 
 
+# Where rank 0 of a job listens for its peers (MASTER_PORT). submitit picks 20000-60000 from the job id,
+# which overlaps Linux's ephemeral range (net.ipv4.ip_local_port_range, 32768-60999 by default), where
+# the kernel numbers every outgoing connection's port: on the one-node test cluster a job's pick was
+# such a port already in use, and its rank 0 failed with EADDRINUSE. Below that range only a service
+# bound on purpose can hold it.
+MASTER_PORTS = range(20000, 32768)
+
+
+def master_port(job_id: str) -> int:
+    """The job's MASTER_PORT: the same for every task and every requeue of one job (its id)."""
+    return MASTER_PORTS[zlib.crc32(job_id.encode()) % len(MASTER_PORTS)]
+
+
+def export_torch_environment() -> TorchDistributedEnvironment:
+    """This task's torch.distributed environment from the job (rank, world size, master address and
+    port); a MASTER_PORT the user exported is kept."""
+    os.environ.setdefault("MASTER_PORT", str(master_port(submitit.JobEnvironment().job_id)))
+    return TorchDistributedEnvironment().export(set_cuda_visible_devices=False, overwrite=True)
+
+
 class SlurmRanks(Checkpointable):
     """What every task of the job runs: export the torch.distributed environment of this task
     (rank, world size, master address and port from SLURM's variables), then run one rank."""
@@ -54,7 +75,7 @@ class SlurmRanks(Checkpointable):
     def __call__(self, spec: RunSpec) -> None:
         freeze_loaded()  # what unpickling this callable imported: torch, the rank loop
         # Every rank sees all GPUs of its node and picks cuda:LOCAL_RANK, as under torchrun.
-        env = TorchDistributedEnvironment().export(set_cuda_visible_devices=False, overwrite=True)
+        env = export_torch_environment()
         # After submitit's own handlers, which let SIGTERM pass (it waits for USR2 to checkpoint).
         signal.signal(signal.SIGTERM, functools.partial(_end_interrupted, spec.output_dir, env.rank))
         with job_end_escapes():
