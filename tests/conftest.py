@@ -32,11 +32,14 @@ FAST = [*TIMING, "probe.enabled=false"]  # walltime points only: tests of the pr
 
 
 def rank_processes() -> multiprocessing.context.BaseContext:
-    """Processes for the ranks a test starts itself: forked from a server that loaded torch and cpbench
-    once per test worker (as the local launcher's ranks are), instead of spawned, each importing them
-    anew (seconds of CPU per rank). Never forked from the test process itself, whose threads a fork
-    would copy half."""
-    multiprocessing.set_forkserver_preload(["cpbench.launch.rank_image", "cpbench.models.fold"])
+    """Processes a test starts itself (a launcher, ranks): forked from one server per test worker that
+    loaded `python -m cpbench`'s modules, torch, the rank loop and the FLOP counter once
+    (multiprocessing's forkserver, as the local launcher's ranks are), instead of started as fresh
+    interpreters, each importing them anew (seconds of CPU a process). Never forked from the test
+    process itself, whose threads a fork would copy half."""
+    multiprocessing.set_forkserver_preload(
+        ["cpbench.__main__", "cpbench.launch.rank_image", "cpbench.models.fold"]
+    )
     return multiprocessing.get_context("forkserver")
 
 
@@ -82,13 +85,10 @@ def run_cmd(
     cmd: list[str], cwd: Path, timeout: float = 180, env: dict | None = None
 ) -> subprocess.CompletedProcess:
     """Run in its own session so that on timeout the whole process tree is killed."""
-    path = os.pathsep.join(p for p in (str(TESTS), os.environ.get("PYTHONPATH")) if p)  # a checkout's own
-    full_env = {**os.environ, "PYTHONPATH": path, **(env or {})}
-    full_env.pop("CPBENCH_OUTPUT_DIR", None) if "CPBENCH_OUTPUT_DIR" not in (env or {}) else None
     proc = subprocess.Popen(
         cmd,
         cwd=cwd,
-        env=full_env,
+        env=_environment(env),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -107,10 +107,89 @@ def run_cmd(
 
 
 def cpbench(
-    *args: str, cwd: Path, timeout: float = 180, env: dict | None = None
+    *args: str, cwd: Path, timeout: float = 180, env: dict | None = None, fresh: bool = False
 ) -> subprocess.CompletedProcess:
+    """`python -m cpbench ...` as a process of its own. Forked from the test worker's server
+    (`rank_processes`) unless `fresh`: `main()` runs with the command's arguments, working folder and
+    environment, and its output and exit code are the process's, as `python -m cpbench` gives them,
+    but its imports are not paid again (about 2 s of CPU a launch; its rank server holds the rank loop
+    and the FLOP counter already). `fresh`: a new interpreter, `python -m cpbench` itself, for what
+    only its start shows; tests/test_outputs.py runs one command both ways and gets the same checksums."""
     flags = ["-m"] if args[:1] == ("-m",) else []  # Hydra takes its flags before the overrides
-    return run_cmd([sys.executable, "-m", "cpbench", *flags, *BASE, *args[len(flags) :]], cwd, timeout, env)
+    overrides = [*flags, *BASE, *args[len(flags) :]]
+    if fresh:
+        return run_cmd([sys.executable, "-m", "cpbench", *overrides], cwd, timeout, env)
+    command = ["cpbench", *overrides]
+    with tempfile.TemporaryDirectory() as streams:
+        out, err = Path(streams) / "stdout", Path(streams) / "stderr"
+        process = rank_processes().Process(
+            target=_run_main, args=(overrides, str(cwd), _environment(env), str(out), str(err))
+        )
+        process.start()
+        try:
+            process.join(timeout)
+            if process.exitcode is None:
+                pytest.fail(f"{' '.join(command)} timed out after {timeout}s\n{_text(out)}\n{_text(err)}")
+        finally:
+            if process.exitcode is None:
+                os.killpg(process.pid, signal.SIGKILL)  # its session: the launcher and its ranks
+                process.join()
+        return subprocess.CompletedProcess(command, process.exitcode, _text(out), _text(err))
+
+
+def _text(path: Path) -> str:
+    return path.read_text() if path.exists() else ""
+
+
+def _environment(env: dict | None) -> dict[str, str]:
+    """The environment `run_cmd` gives a process: this one's, the tests' folder on PYTHONPATH (for the
+    test adapters), and the test's own variables; CPBENCH_OUTPUT_DIR only if the test sets it."""
+    path = os.pathsep.join(p for p in (str(TESTS), os.environ.get("PYTHONPATH")) if p)
+    full = {**os.environ, "PYTHONPATH": path, **(env or {})}
+    if "CPBENCH_OUTPUT_DIR" not in (env or {}):
+        full.pop("CPBENCH_OUTPUT_DIR", None)
+    return full
+
+
+def _run_main(args: list[str], cwd: str, env: dict[str, str], out: str, err: str) -> None:
+    """A forked launcher's whole life, set up as `python -m cpbench` finds its process: its own session
+    (a timeout kills it with its ranks), stdout and stderr to files, the command's arguments, folder,
+    environment and import path (the working folder first, then PYTHONPATH); it ends as the interpreter
+    does, its exit handlers run and its streams flushed, with main()'s exit code."""
+    import atexit
+    import importlib
+    import traceback
+
+    from cpbench.__main__ import __file__ as main_file
+    from cpbench.__main__ import main
+
+    os.setsid()
+    for fd, path in ((1, out), (2, err)):
+        file = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.dup2(file, fd)
+        os.close(file)
+    os.chdir(cwd)
+    os.environ.clear()
+    os.environ.update(env)
+    tempfile.tempdir = None  # gettempdir() reads TMPDIR again
+    sys.path[:0] = [cwd, *env["PYTHONPATH"].split(os.pathsep)]
+    importlib.invalidate_caches()
+    sys.argv = [main_file, *args]
+    code = 0
+    try:
+        main()
+    except SystemExit as done:
+        code = done.code if isinstance(done.code, int) else 0 if done.code is None else 1
+        if not isinstance(done.code, int | None):
+            print(done.code, file=sys.stderr)
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    finally:
+        atexit._run_exitfuncs()
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        os._exit(code)
 
 
 def refused(*args: str, cwd: Path) -> subprocess.CompletedProcess:

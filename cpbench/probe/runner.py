@@ -71,7 +71,7 @@ def run_probe(
         )
     best, fail = bounds(trials)
     LOG.info(
-        "probe done: %d step(s) this run, %d in all, %.1f s; max fit %s, first failure %s",
+        "probe done: %d step(s) since these ranks started, %d in all, %.1f s; max fit %s, first failure %s",
         steps,
         len(trials),
         time.perf_counter() - started,
