@@ -43,18 +43,18 @@ def rank_processes() -> multiprocessing.context.BaseContext:
     return multiprocessing.get_context("forkserver")
 
 
-# Seconds each of the slowest files took (`pytest -v --durations=0 -n 3` at 151146a, summed per file,
+# Seconds each of the slowest files took (`pytest -q --durations=0 -n 3` at 26ec815, summed per file,
 # setup included): refresh when a file grows or shrinks by much. The rest take under 10 s each.
 FILE_SECONDS = {
-    "test_slurm_requeue.py": 169, "test_sweeps.py": 103, "test_slurm_cluster.py": 99, "test_faults.py": 96,
-    "test_adapters.py": 87, "test_user_paths.py": 87, "test_probe.py": 85,
-    "test_inputs_complex_runs.py": 80, "test_runs.py": 78, "test_slurm.py": 74, "test_measurement.py": 68,
-    "test_path_matrix_training.py": 64, "test_pairformer_cp.py": 53, "test_outputs.py": 51,
-    "test_fold_workload.py": 50, "test_baseline.py": 49, "test_path_matrix_inference.py": 46,
-    "test_modes.py": 44, "test_flops_runs.py": 40, "test_fold_chunked.py": 29, "test_check.py": 24,
-    "test_convergence.py": 24, "test_predict.py": 22, "test_experiments.py": 22, "test_report.py": 20,
-    "test_pairformer_ops.py": 20, "test_fold_cp.py": 17, "test_flops.py": 16, "test_failures.py": 11,
-    "test_pairformer_workload.py": 10, "test_rank_server.py": 20,
+    "test_slurm_requeue.py": 155, "test_faults.py": 80, "test_probe.py": 80, "test_pairformer_cp.py": 69,
+    "test_slurm.py": 68, "test_slurm_cluster.py": 67, "test_sweeps.py": 56, "test_fold_workload.py": 56,
+    "test_adapters.py": 50, "test_flops_runs.py": 39, "test_path_matrix_training.py": 39,
+    "test_fold_chunked.py": 38, "test_baseline.py": 37, "test_runs.py": 35, "test_inputs_complex_runs.py": 34,
+    "test_report.py": 32, "test_outputs.py": 32, "test_modes.py": 27, "test_measurement.py": 26,
+    "test_path_matrix_inference.py": 23, "test_user_paths.py": 23, "test_experiments.py": 22,
+    "test_fold_cp.py": 21, "test_rank_server.py": 17, "test_convergence.py": 17, "test_flops.py": 16,
+    "test_identity.py": 15, "test_pairformer_workload.py": 14, "test_predict.py": 14, "test_check.py": 13,
+    "test_pairformer_ops.py": 10,
 }  # fmt: skip
 
 
