@@ -31,14 +31,19 @@ TIMING = [
 FAST = [*TIMING, "probe.enabled=false"]  # walltime points only: tests of the probe turn it on
 
 
+# What a rank 0 imports to draw the report's plots (cpbench/report/plots.py imports it when it draws, so
+# that ranks that never draw do not pay for it): about 0.35 s of CPU a run.
+_PLOTS = ["matplotlib.figure", "matplotlib.backends.backend_agg"]
+
+
 def rank_processes() -> multiprocessing.context.BaseContext:
     """Processes a test starts itself (a launcher, ranks): forked from one server per test worker that
-    loaded `python -m cpbench`'s modules, torch, the rank loop and the FLOP counter once
+    loaded `python -m cpbench`'s modules, torch, the rank loop, the FLOP counter and matplotlib once
     (multiprocessing's forkserver, as the local launcher's ranks are), instead of started as fresh
     interpreters, each importing them anew (seconds of CPU a process). Never forked from the test
     process itself, whose threads a fork would copy half."""
     multiprocessing.set_forkserver_preload(
-        ["cpbench.__main__", "cpbench.launch.rank_image", "cpbench.models.fold"]
+        ["cpbench.__main__", "cpbench.launch.rank_image", "cpbench.models.fold", *_PLOTS]
     )
     return multiprocessing.get_context("forkserver")
 
