@@ -26,9 +26,10 @@ def sweep(tmp_path_factory):
     out = root / "sweep"
     (root / "tmp").mkdir()  # its own temporary folder, to see what the runs leave there
     steps = ["timing.warmup=1", "timing.repeats=1", "timing.warmup_max=1", "timing.repeats_max=1"]
+    # A new interpreter: the counter's first import of torch._dynamo is the run's own, under its TMPDIR.
     ok(cpbench("-m", f"workload={','.join(WORKLOADS.values())}", "topology.cp=2", f"sweep.n_tokens=[{N}]",
                "probe.enabled=false", "log.progress=false", *steps, f"output_dir={out}", cwd=root,
-               timeout=400, env={"TMPDIR": str(root / "tmp")}))  # fmt: skip
+               timeout=400, env={"TMPDIR": str(root / "tmp")}, fresh=True))  # fmt: skip
     return results(out), (out / "cp_benchmark.md").read_text(), out
 
 
