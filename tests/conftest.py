@@ -184,9 +184,7 @@ def _run_main(args: list[str], cwd: str, env: dict[str, str], out: str, err: str
     try:
         main()
     except SystemExit as done:
-        code = done.code if isinstance(done.code, int) else 0 if done.code is None else 1
-        if not isinstance(done.code, int | None):
-            print(done.code, file=sys.stderr)
+        code = _exit_code(done, sys.stderr)
     except BaseException:
         traceback.print_exc()
         code = 1
@@ -195,6 +193,14 @@ def _run_main(args: list[str], cwd: str, env: dict[str, str], out: str, err: str
         for stream in (sys.stdout, sys.stderr):
             stream.flush()
         os._exit(code)
+
+
+def _exit_code(done: SystemExit, stderr) -> int:
+    """The exit code the interpreter gives a SystemExit on its way out, printing a message it carries."""
+    if isinstance(done.code, int) or done.code is None:
+        return done.code or 0
+    print(done.code, file=stderr)
+    return 1
 
 
 def refused(*args: str, cwd: Path) -> subprocess.CompletedProcess:
@@ -219,9 +225,7 @@ def refused(*args: str, cwd: Path) -> subprocess.CompletedProcess:
             with contextlib.redirect_stdout(streams[0]), contextlib.redirect_stderr(streams[1]):
                 main()
         except SystemExit as done:
-            code = done.code if isinstance(done.code, int) else 0 if done.code is None else 1
-            if not isinstance(done.code, int | None):  # as the interpreter does on its way out
-                print(done.code, file=streams[1])
+            code = _exit_code(done, streams[1])
         finally:
             for stream, fd, old in zip(streams, (1, 2), saved, strict=True):
                 stream.flush()
