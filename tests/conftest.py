@@ -241,10 +241,13 @@ def refused(*args: str, cwd: Path) -> subprocess.CompletedProcess:
         return subprocess.CompletedProcess(command, code, out.read().decode(), err.read().decode())
 
 
-def torchrun(nproc: int, *args: str, cwd: Path, timeout: float = 180, env: dict | None = None):
+def torchrun(
+    nproc: int, *args: str, cwd: Path, timeout: float = 180, env: dict | None = None, max_restarts: int = 0
+):
     # torchrun's own logs under the test's folder: by default it leaves a torchelastic_* folder in /tmp.
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-           f"--log-dir={cwd / 'torchrun_logs'}", "-m", "cpbench", *BASE, *args]  # fmt: skip
+           f"--max-restarts={max_restarts}", f"--log-dir={cwd / 'torchrun_logs'}", "-m", "cpbench", *BASE,
+           *args]  # fmt: skip
     return run_cmd(cmd, cwd, timeout, env)
 
 

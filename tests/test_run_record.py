@@ -9,6 +9,7 @@ import json
 import pytest
 
 from cpbench.app.baseline import refusal
+from cpbench.plan.changes import budget_rows
 from cpbench.record import run_record
 from cpbench.record.run_record import (
     Change,
@@ -83,7 +84,9 @@ def test_update_replaces_one_section_and_keeps_the_rest(tmp_path):
         k: v for k, v in OLD_RUN_JSON.items() if k not in sections
     }
     assert raw["what_changed"] == [{**OLD_RUN_JSON["what_changed"][0], "limitation": False, "scale": None}]
-    assert raw["time_budget"] == {**OLD_RUN_JSON["time_budget"], "probe_line": None, "took_s": None}
+    assert raw["time_budget"] == {
+        **OLD_RUN_JSON["time_budget"], "probe_line": None, "took_s": None, "planned_at": None, "restarts": []
+    }  # fmt: skip
     assert "a_key_no_longer_written" not in raw  # the record writes only what it knows
     assert [p.name for p in folder.root.iterdir() if p.name.startswith(".")] == []  # no temporary left
 
@@ -105,6 +108,24 @@ def test_a_record_reads_back_as_written(tmp_path):
     assert json.loads(folder.run_json.read_text())["repeat_check"] == spread  # the same JSON as before
     assert RunRecord.from_json(record.to_json()) == record
     assert record.convergence.match and record.convergence.reference == "ref.csv"
+
+
+def test_a_restart_of_the_run_keeps_its_time_budget_and_a_new_run_does_not(tmp_path):
+    folder, asked = RunFolder(tmp_path), (Change("dtype", "float32", "bfloat16", "dtype", "precision"),)
+    run_record.start(folder, RunMetadata(host="box"), asked)
+    cuts = ("timing.repeats 5 -> 3 (the floor is budget.min_repeats=3)",)
+    planned = TimeBudget("plan: 3 point(s)", cuts, planned_at=1e9, restarts=("restart 1, 4 min left",))
+    run_record.update(folder, what_changed=asked + tuple(budget_rows(cuts)), time_budget=planned)
+    run_record.start(folder, RunMetadata(host="box2"), asked, restarted=True)
+    record = run_record.read(folder)
+    assert record.metadata.host == "box2" and record.time_budget == planned
+    assert record.what_changed == asked + tuple(budget_rows(cuts))  # the cut's row stays with its plan
+    assert RunRecord.from_json(record.to_json()) == record
+    run_record.start(folder, RunMetadata(host="box3"), asked)  # a new command into the same folder
+    assert run_record.read(folder) == RunRecord(RunMetadata(host="box3"), asked)
+    run_record.update(folder, time_budget=planned, finished="then")
+    run_record.start(folder, RunMetadata(host="box4"), asked, restarted=True)  # the run had ended
+    assert run_record.read(folder) == RunRecord(RunMetadata(host="box4"), asked)
 
 
 def test_no_run_json_or_a_torn_one_is_an_empty_record(tmp_path):

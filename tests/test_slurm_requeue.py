@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import re
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -87,6 +88,11 @@ def _probe_in_flight(out) -> int | None:
     return json.loads(state.read_text()).get("in_flight") if state.exists() else None
 
 
+def _planned(out: Path) -> bool:
+    """The run's first plan is in run.json (its budget's timed step is over)."""
+    return (out / "run.json").exists() and bool(json.loads((out / "run.json").read_text()).get("time_budget"))
+
+
 def test_a_job_preempted_mid_point_and_mid_probe_measures_both_again(slurm_cluster, tmp_path):
     """`scontrol requeue` (what a preemption does: SIGTERM to every task, then the job runs again with
     the same id), twice: while the walltime point N=16 is measured, then while the probe tries an N
@@ -95,10 +101,11 @@ def test_a_job_preempted_mid_point_and_mid_probe_measures_both_again(slurm_clust
     other twice, and finds what it finds uninterrupted (tests/test_probe.py: 192 fits, 256 does not)."""
     env, _ = _slow_env(tmp_path, slurm_cluster, 1.0)
     out = tmp_path / "out"
-    command = [*ON_SLURM, *SLOW, *FAULT, "fault.where=batch", "launch.max_restarts=0", f"output_dir={out}"]
+    command = [*ON_SLURM, *SLOW, *FAULT, "fault.where=batch", "launch.max_restarts=0", f"output_dir={out}",
+               "budget.minutes=600"]  # fmt: skip
     with ThreadPoolExecutor(1) as pool:
         run = pool.submit(cpbench, *command, cwd=tmp_path, env=env, timeout=400)
-        _wait_for(lambda: _in_flight(out) == 16, timeout=180)
+        _wait_for(lambda: _in_flight(out) == 16 and _planned(out), timeout=180)  # measured, not timed
         job_id = _job_id(out)
         slurm_cluster.command("scontrol", "requeue", job_id)
         _wait_for(lambda: (out / "probe.csv").exists() and _probe_in_flight(out) is not None, timeout=240)
@@ -118,3 +125,7 @@ def test_a_job_preempted_mid_point_and_mid_probe_measures_both_again(slurm_clust
     assert "N=16 was in flight when the last run stopped: measured again" in log
     assert f"probe: N={n} was in flight when the last run stopped: trying it again" in log
     assert f"cpbench: job {job_id} RUNNING, restart 2" in proc.stderr
+    # Each start after a requeue knew it was one (SLURM's count): the run's budget went on, one plan each.
+    planned = json.loads((out / "run.json").read_text())["time_budget"]
+    assert planned["line"].startswith("plan: 1 point(s)") and planned["took_s"] is not None
+    assert [line.split(",")[0] for line in planned["restarts"]] == ["restart 1", "restart 2"]

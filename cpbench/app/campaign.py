@@ -129,7 +129,8 @@ def _campaign(folder: RunFolder, checked: CheckedRun, changes: list[Change], bas
 
 
 def tell(notice: Notice) -> None:
-    """What a launcher tells while it works (a job's state changed, the ranks restart), one line."""
+    """What a launcher tells while it works (a job's state changed, the ranks restart, a caution),
+    one line."""
     print(f"cpbench: {notice}", file=sys.stderr)
 
 

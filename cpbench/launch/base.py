@@ -159,8 +159,18 @@ class Restarting:
         return self.line
 
 
-# What a launcher tells while it works: a job's state changed, the ranks restart.
-Notice = JobState | Restarting
+@dataclass(frozen=True)
+class Caution:
+    """What a launcher found in its environment that can end the run, said before the ranks start."""
+
+    line: str
+
+    def __str__(self) -> str:
+        return self.line
+
+
+# What a launcher tells while it works: a job's state changed, the ranks restart, a caution.
+Notice = JobState | Restarting | Caution
 Notify = Callable[[Notice], None]
 
 

@@ -9,7 +9,7 @@ import signal
 import tempfile
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -127,7 +127,7 @@ def launch_local(spec: RunSpec, nprocs: int, max_restarts: int, notify: Notify) 
     ShapeDoesNotFit when what it raised was DoesNotFit (a run of one fixed shape out of memory)."""
     for restart in range(max_restarts + 1):
         try:
-            return _launch_once(spec, nprocs)
+            return _launch_once(replace(spec, restart=restart), nprocs)
         except RankFailure as failure:
             if failure.error_type == DoesNotFit.__name__:
                 raise ShapeDoesNotFit(failure.message) from None

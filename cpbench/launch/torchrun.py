@@ -4,10 +4,10 @@ one of them. The only module that reads torchrun's environment."""
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from cpbench.core import ConfigError, Topology
-from cpbench.launch.base import Finished, Launcher, Notify, check_gpus
+from cpbench.launch.base import Caution, Finished, Launcher, Notify, check_gpus
 from cpbench.rank import RunSpec, run_rank
 from cpbench.settings.schema import BenchConfig
 from cpbench.workloads.base import Workload
@@ -35,6 +35,20 @@ class World:
         size = int(os.environ.get("WORLD_SIZE", "1"))
         local = int(os.environ.get("LOCAL_WORLD_SIZE", size))
         return cls(int(os.environ.get("RANK", "0")), size, local)
+
+
+SHARED_STORE = (
+    "torchrun restarts the ranks (--max-restarts) and shares its rendezvous store with them: a restart "
+    "can read the last attempt's addresses and fail to connect (pytorch/pytorch#135712); give torchrun "
+    "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1"
+)
+
+
+def _restarts_share_the_store() -> bool:
+    """torch's elastic agent exports both to its workers: a restart is allowed, and the workers' process
+    group uses the agent's own store, whose keys a restart does not clear."""
+    restarts = int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0"))
+    return restarts > 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
 
 
 class TorchrunLauncher(Launcher):
@@ -77,5 +91,12 @@ class TorchrunLauncher(Launcher):
         return False
 
     def start(self, spec: RunSpec, workload: Workload | None, notify: Notify) -> Finished:
-        run_rank(spec, workload)
+        if self.leads and self.restart == 0 and _restarts_share_the_store():
+            notify(Caution(SHARED_STORE))
+        run_rank(replace(spec, restart=self.restart), workload)
         return Finished()
+
+    @property
+    def restart(self) -> int:
+        """How many times torchrun started this world's ranks before (its --max-restarts)."""
+        return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))

@@ -8,6 +8,7 @@ import re
 import resource
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -33,7 +34,21 @@ def budget_gib(memory: MemoryConfig, device_type: str) -> float | None:
     return memory.budget_gib
 
 
-def apply_budget(budget_gib: float, device: torch.device) -> float:
+@dataclass(frozen=True)
+class Budget:
+    """A rank's cap, applied."""
+
+    gib: float  # per rank, over the baseline
+    baseline_gib: float  # what the rank held after start-up (CPU); 0 on CUDA
+
+
+def cap_rank(memory: MemoryConfig, device: torch.device) -> Budget | None:
+    """This rank capped at `budget_gib`'s answer for its device, or None where there is no cap."""
+    gib = budget_gib(memory, device.type)
+    return None if gib is None else Budget(gib, _apply_budget(gib, device))
+
+
+def _apply_budget(budget_gib: float, device: torch.device) -> float:
     """Cap this rank at `budget_gib` and return the baseline the cap sits on (GiB), which the
     fits-check subtracts from the measured peak (0 on CUDA, whose stats count only tensors).
     `lift_budget` takes the cap off again: it is for the measured steps, not what follows them."""

@@ -24,6 +24,7 @@ import torch.distributed as dist
 
 from cpbench.core import RankContext, Shape
 from cpbench.distributed.comm import LEDGER
+from cpbench.measure.budget import Budget
 from cpbench.measure.checksum import local_share
 from cpbench.measure.fault import Fault
 from cpbench.measure.memory import read_peak_gib, release, reset_peak
@@ -116,12 +117,6 @@ def _guarded(fn: Callable[[], Any]) -> tuple[Any, str]:
         if not is_oom(err):
             raise
         return None, describe(err)
-
-
-@dataclass(frozen=True)
-class Budget:
-    gib: float  # per rank, over the baseline
-    baseline_gib: float  # what the rank held after start-up (CPU); 0 on CUDA
 
 
 @dataclass(frozen=True)

@@ -46,7 +46,7 @@ class Step:
 
 @dataclass(frozen=True)
 class Verdict:
-    plan: Plan  # the plan to run: the trimmed one, or the given one when refused
+    plan: Plan  # the plan to run: the trimmed one; refused, the least the job allows
     seconds: float  # its estimated time
     probe_steps: int  # the probe's expected steps in it
     cuts: tuple[str, ...] = ()

@@ -23,7 +23,8 @@ from cpbench.settings.schema import ProbeConfig
 
 @dataclass(frozen=True)
 class Clock:
-    """When the budget's timed step started, and a measurement's cost besides its steps."""
+    """When the run's first timed step started (Unix time: a restart goes on from it), and a
+    measurement's cost besides its steps."""
 
     planned_at: float
     overhead_s: float
@@ -41,10 +42,14 @@ class Trimmed:
 
 
 def fit_plan(
-    measurer: Measurer, todo: list[Shape], settings: PointSettings, prediction: Prediction | None
-) -> Trimmed | None:
+    measurer: Measurer, todo: list[Shape], settings: PointSettings, prediction: Prediction | None,
+    restart: int = 0,
+) -> Trimmed | None:  # fmt: skip
     """Time one step (the first point's second warm-up step: the first carries one-off costs),
-    estimate the plan from it and trim it to budget.minutes. None: refused, nothing runs."""
+    estimate the plan from it and trim it to budget.minutes. None: refused, nothing runs.
+    The budget is the run's: a restart (`restart` > 0) whose run recorded its first plan fits what is
+    left to the budget left since that plan's timed step, and runs it trimmed to the least even when
+    over it, as the probe does: the run has begun, and its report is owed what it can still measure."""
     s = measurer.session
     probe, budget = s.settings.probe, s.settings.budget
     search = search_for(s, probe, prediction) if probe.enabled else None
@@ -52,23 +57,28 @@ def fit_plan(
     as_set = Trimmed(todo, settings, probe, False, None)
     if budget.minutes is None or first is None:
         return as_set
+    began = _first_planned_at(s) if restart else None
     s.heartbeat.now(f"budget: timing one step at N={first.n_tokens}")
-    planned_at = time.perf_counter()
+    planned_at = time.time()
     if s.lead and todo:  # the first point's own warm-up: a crash in it is that point's
         s.folder.in_flight.start(measurer.row(first, "point", settings.repeats, prediction).as_dict())
     result = measurer.step(first, replace(settings, warmup=1, repeats=1).fixed())
-    took = s.broadcast(time.perf_counter() - planned_at)  # rank 0's, on every rank
+    took = s.broadcast(time.time() - planned_at)  # rank 0's, on every rank
     if result.status != "ok":
         LOG.warning("budget: the first step at N=%d did not fit: no estimate, the plan runs as set",
                     first.n_tokens)  # fmt: skip
         return as_set
-    clock = Clock(planned_at, max(0.0, took - 2 * result.walltime_ms / 1e3))
+    clock = Clock(planned_at if began is None else began, max(0.0, took - 2 * result.walltime_ms / 1e3))
+    restart = 0 if began is None else restart  # no first plan recorded: this one is the first
+    minutes = budget.minutes
+    if restart:  # the budget left, in tenths of a minute as the plan line says it
+        minutes = max(0.0, round(minutes - (planned_at - clock.planned_at) / 60, 1))
     step = Step(first.n_tokens, result.walltime_ms / 1e3, result.peak_mem_gib, _baseline(s), clock.overhead_s)
     plan = Plan(tuple(todo), settings.warmup, settings.repeats, search, probe.measure_at_max)
-    verdict = s.broadcast(fit_budget(plan, step, budget.minutes, budget.min_repeats) if s.lead else None)
+    verdict = s.broadcast(fit_budget(plan, step, minutes, budget.min_repeats) if s.lead else None)
     if s.lead:
-        _record_plan(s, plan, step, verdict)
-    if verdict.refusal:
+        _record_plan(s, plan, step, verdict, minutes, clock, restart)
+    if verdict.refusal and not restart:
         if s.lead:  # nothing runs: no point was in flight
             s.folder.in_flight.abandon()
         return None
@@ -81,25 +91,41 @@ def fit_plan(
     return Trimmed(points, replace(settings, repeats=trimmed.repeats), probe, warmed, clock)
 
 
+def _first_planned_at(session: RankSession) -> float | None:
+    """When the run's first plan timed its step (rank 0's record, on every rank); None: not recorded."""
+    planned = run_record.read(session.folder).time_budget if session.lead else None
+    return session.broadcast(planned.planned_at if planned is not None else None)
+
+
 def _baseline(session: RankSession) -> float:
     return session.budget.baseline_gib if session.budget else 0.0
 
 
-def _record_plan(session: RankSession, plan: Plan, step: Step, verdict: Verdict) -> None:
-    minutes = session.settings.budget.minutes
+def _record_plan(
+    session: RankSession, plan: Plan, step: Step, verdict: Verdict, minutes: float, clock: Clock, restart: int
+) -> None:
+    """The plan as set and what it cut into run.json: a restart's as one more line of the run's plan."""
     line = Verdict(plan, *estimate(plan, step)).summary(minutes, step)  # the plan as set
+    if restart:
+        line = f"restart {restart}, {minutes:g} min of the budget left: {line}"
     LOG.info("%s", line)
-    cuts = [] if verdict.refusal else list(verdict.cuts)  # refused: nothing is cut, nothing runs
+    cuts = list(verdict.cuts) if restart or not verdict.refusal else []  # refused: nothing runs
     for cut in cuts:
         LOG.warning("budget: cut %s", cut)
     if cuts:
         line += f"; trimmed to {verdict.summary(minutes, step).removeprefix('plan: ')}"
         LOG.info("trimmed %s", verdict.summary(minutes, step))
+    if restart and verdict.refusal:
+        line += "; over it even so: it runs as trimmed"
+        LOG.warning("budget: what is left is over the budget left even trimmed; it runs as trimmed")
     record = run_record.read(session.folder)
+    planned = record.time_budget
+    if restart and planned is not None:
+        planned = replace(planned, cuts=planned.cuts + tuple(cuts), restarts=(*planned.restarts, line))
+    else:
+        planned = TimeBudget(line, tuple(cuts), verdict.refusal, planned_at=clock.planned_at)
     run_record.update(
-        session.folder,
-        what_changed=record.what_changed + tuple(budget_rows(cuts)),
-        time_budget=TimeBudget(line, tuple(cuts), verdict.refusal),
+        session.folder, what_changed=record.what_changed + tuple(budget_rows(cuts)), time_budget=planned
     )
 
 
@@ -112,7 +138,7 @@ def fit_probe(measurer: Measurer, plan: Trimmed, prediction: Prediction | None) 
         return plan.probe
     ps = plan.point_settings
     shape, result = largest
-    left = s.settings.budget.minutes * 60 - (time.perf_counter() - plan.clock.planned_at)
+    left = s.settings.budget.minutes * 60 - (time.time() - plan.clock.planned_at)
     step = Step(
         shape.n_tokens, result.walltime_ms / 1e3, result.peak_mem_gib, _baseline(s), plan.clock.overhead_s
     )

@@ -75,7 +75,7 @@ def _run(session: RankSession, spec: RunSpec, baseline: RunFolder | None) -> Non
     if session.lead and (again := folder.in_flight.resume(settings.launch.max_restarts)):
         LOG.warning("N=%s was in flight when the last run stopped: measured again", again["N_tokens"])
     point_settings = session.point_settings()
-    session.record_start(spec.what_changed, point_settings)
+    session.record_start(spec.what_changed, point_settings, spec.restart > 0)
     measurer = Measurer(session, baseline)
     session.mllog.end(constants.INIT_STOP)
     session.mllog.start(constants.RUN_START)
@@ -87,7 +87,7 @@ def _run(session: RankSession, spec: RunSpec, baseline: RunFolder | None) -> Non
         shape for shape in walltime_points(settings)
         if measurer.row(shape, "point", point_settings.repeats, None).key not in measurer.done
     ]  # fmt: skip
-    plan = fit_plan(measurer, todo, point_settings, spec.prediction)
+    plan = fit_plan(measurer, todo, point_settings, spec.prediction, spec.restart)
     if plan is None:  # the time budget refused it: nothing runs
         return
     measure_points(measurer, plan.points, plan.point_settings, spec.prediction, plan.warmed)
@@ -98,7 +98,7 @@ def _run(session: RankSession, spec: RunSpec, baseline: RunFolder | None) -> Non
     if session.lead:
         # When it ended, so that a merge can tell runs that overlapped on one host.
         planned = run_record.read(folder).time_budget
-        if planned is not None and plan.clock is not None:  # the estimate's error, shown
-            planned = replace(planned, took_s=time.perf_counter() - plan.clock.planned_at)
+        if planned is not None and planned.planned_at is not None:  # the estimate's error, shown
+            planned = replace(planned, took_s=time.time() - planned.planned_at)
         run_record.update(folder, time_budget=planned, finished=metadata.now())
         LOG.info("report: %s", write_report(folder.root))

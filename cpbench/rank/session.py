@@ -12,9 +12,9 @@ import torch.distributed as dist
 
 from cpbench.core import RankContext
 from cpbench.measure import flops
-from cpbench.measure.budget import apply_budget, budget_gib
+from cpbench.measure.budget import Budget, cap_rank
 from cpbench.measure.fault import Fault
-from cpbench.measure.point import Budget, PointSettings, comm_timing
+from cpbench.measure.point import PointSettings, comm_timing
 from cpbench.record import metadata, run_record
 from cpbench.record.mllog import RunLog
 from cpbench.record.peaks import Peak, run_peak
@@ -58,7 +58,7 @@ class RankSession:
         peak = broadcast(run_peak(settings, ctx.device), control)  # on CPU every rank's GEMM runs at once
         if settings.measure.count_flops:
             flops.load_counter()  # what the counter loads on first use sits under the cap, not in it
-        budget = memory_budget(settings, ctx)
+        budget = cap_rank(settings.memory, ctx.device)
         return cls(settings, ctx, control, folder, workload, budget, heartbeat, mllog, peak)
 
     @property
@@ -80,8 +80,10 @@ class RankSession:
     def broadcast(self, value: Any) -> Any:
         return broadcast(value, self.control)
 
-    def record_start(self, what_changed: list[Change], point_settings: PointSettings) -> None:
-        """run.json's metadata and mllog's submission (rank 0)."""
+    def record_start(
+        self, what_changed: list[Change], point_settings: PointSettings, restarted: bool
+    ) -> None:
+        """run.json's metadata and mllog's submission (rank 0); a restart of the run keeps its plan."""
         if not self.lead:
             return
         settings, ctx, budget = self.settings, self.ctx, self.budget
@@ -92,7 +94,7 @@ class RankSession:
         cap = MemoryCap(budget and budget.gib, budget and budget.baseline_gib)
         timing, peak = comm_timing(ctx.device, point_settings), DevicePeak(**self.peak.as_json())
         meta = replace(found, seed=settings.seed, memory=cap, comm_timing=timing, peak=peak)
-        run_record.start(self.folder, meta, tuple(what_changed))
+        run_record.start(self.folder, meta, tuple(what_changed), restarted)
         self.mllog.submission(
             meta, self.workload_name, settings.workflow.value, ctx.topology.cp, settings.seed
         )
@@ -116,9 +118,3 @@ class RankSession:
         )  # fmt: skip
         # Runs compared with each other take the same steps (training moves the weights).
         return measured.fixed() if settings.mode is Mode.accuracy else measured
-
-
-def memory_budget(settings: BenchConfig, ctx: RankContext) -> Budget | None:
-    """The per-rank cap (`budget_gib`), applied."""
-    gib = budget_gib(settings.memory, ctx.device.type)
-    return None if gib is None else Budget(gib, apply_budget(gib, ctx.device))

@@ -24,6 +24,9 @@ class RunSpec:
     # is compared with it when no published one is found.
     reference_dir: str | None = None
     prediction: Prediction | None = None  # probe.predict: made before the ranks started
+    # How many times the launcher started this run's ranks before (a relaunch after a crash, torchrun's
+    # restart, a SLURM requeue): a restart goes on with the run's time budget instead of a new one.
+    restart: int = 0
 
     @property
     def topology(self) -> Topology:

@@ -130,11 +130,16 @@ class TimeBudget:
     refusal: str | None = None
     probe_line: str | None = None  # the estimate again before the probe
     took_s: float | None = None  # what the planned work took, against the estimate
+    # When the timed step started (Unix time): the budget is the run's, and a restart's plan for what
+    # is left counts from here.
+    planned_at: float | None = None
+    restarts: tuple[str, ...] = ()  # each restart's plan for what was left, against the budget left
 
     @classmethod
     def from_json(cls, raw: dict[str, Any]) -> TimeBudget:
         known = _known(cls, raw)
-        return cls(**{**known, "cuts": tuple(known.get("cuts", ()))})
+        lists = {name: tuple(known.get(name, ())) for name in ("cuts", "restarts")}
+        return cls(**{**known, **lists})
 
 
 @dataclass(frozen=True)
@@ -233,7 +238,12 @@ class RunRecord:
     def to_json(self) -> dict[str, Any]:
         sections: dict[str, Any] = {"what_changed": [c.as_dict() for c in self.what_changed]}
         if self.time_budget is not None:
-            sections["time_budget"] = {**asdict(self.time_budget), "cuts": list(self.time_budget.cuts)}
+            budget = self.time_budget
+            sections["time_budget"] = {
+                **asdict(budget),
+                "cuts": list(budget.cuts),
+                "restarts": list(budget.restarts),
+            }
         if self.convergence is not None:
             sections["convergence"] = asdict(self.convergence)
         if self.footprint is not None:
@@ -266,8 +276,15 @@ def read(folder: RunFolder) -> RunRecord:
     return RunRecord.from_json(raw) if isinstance(raw, dict) else RunRecord()
 
 
-def start(folder: RunFolder, metadata: RunMetadata, what_changed: tuple[Change, ...]) -> RunRecord:
-    """A run's record from its start: whatever an earlier run in the folder recorded is replaced."""
+def start(
+    folder: RunFolder, metadata: RunMetadata, what_changed: tuple[Change, ...], restarted: bool = False
+) -> RunRecord:
+    """A run's record from its start: whatever an earlier run in the folder recorded is replaced, but
+    for a restart of the same run (`restarted`, before it finished), which keeps its time budget and
+    the rows that budget's cuts added to the what-changed table."""
+    earlier = read(folder) if restarted else RunRecord()
+    if earlier.finished is None and earlier.time_budget is not None:
+        return _write(folder, RunRecord(metadata, earlier.what_changed, earlier.time_budget))
     return _write(folder, RunRecord(metadata, what_changed))
 
 

@@ -1,10 +1,12 @@
 """An adapter module with the fold-cp driver's signatures, for tests. It all-gathers a row-sharded
 pair tensor over the mesh. CPBENCH_TEST_FAIL="rank:N" makes that rank raise at N_tokens >= N;
 CPBENCH_TEST_KILL_ONCE="rank:N:marker" SIGKILLs that rank at N_tokens == N once (a preemption, or a
-kill from outside), leaving the marker file so the retry runs."""
+kill from outside), leaving the marker file so the retry runs; CPBENCH_TEST_KILL_AFTER_S waits that long
+first (a crash that comes late in a long point)."""
 
 import os
 import signal
+import time
 from pathlib import Path
 
 import torch
@@ -40,6 +42,7 @@ def build_batch(N, n_atoms, S, mesh, device):
         rank, at, marker = kill.split(":", 2)
         if dist.get_rank() == int(rank) and int(at) == N and not Path(marker).exists():
             Path(marker).touch()
+            time.sleep(float(os.environ.get("CPBENCH_TEST_KILL_AFTER_S", "0")))
             os.kill(os.getpid(), signal.SIGKILL)
     rows = N // mesh.size()
     g = torch.Generator().manual_seed(N + 1000 * mesh.get_local_rank())

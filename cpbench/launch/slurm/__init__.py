@@ -19,7 +19,13 @@ from omegaconf import DictConfig
 
 from cpbench.core import ConfigError, Topology
 from cpbench.launch.base import JobFailed, JobState, Launcher, Notify, ScriptWritten, Submitted, Waiting
-from cpbench.launch.slurm.job import build_executor, export_torch_environment, interrupt, submit
+from cpbench.launch.slurm.job import (
+    build_executor,
+    export_torch_environment,
+    interrupt,
+    restart_count,
+    submit,
+)
 from cpbench.launch.slurm.layout import Layout, executor_parameters, layout
 from cpbench.launch.slurm.quiet import children_stderr_to_log, log_submitit_to
 from cpbench.launch.slurm.script import sbatch_script
@@ -136,6 +142,10 @@ class JobTasksLauncher(TorchrunLauncher):
             )
         export_torch_environment()
         super().validate(topology, ranks_run)
+
+    @property
+    def restart(self) -> int:
+        return restart_count()
 
 
 def hydra_job_turn(job_dir: Path) -> contextlib.AbstractContextManager:

@@ -16,7 +16,7 @@ import signal
 import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 import submitit
 from submitit.core.utils import UncompletedJobError
@@ -68,6 +68,11 @@ def export_torch_environment() -> TorchDistributedEnvironment:
     return TorchDistributedEnvironment().export(set_cuda_visible_devices=False, overwrite=True)
 
 
+def restart_count() -> int:
+    """How many times SLURM started this job before (a requeue after a preemption or a timeout)."""
+    return int(os.environ.get("SLURM_RESTART_COUNT", "0"))
+
+
 class SlurmRanks(Checkpointable):
     """What every task of the job runs: export the torch.distributed environment of this task
     (rank, world size, master address and port from SLURM's variables), then run one rank."""
@@ -79,7 +84,7 @@ class SlurmRanks(Checkpointable):
         # After submitit's own handlers, which let SIGTERM pass (it waits for USR2 to checkpoint).
         signal.signal(signal.SIGTERM, functools.partial(_end_interrupted, spec.output_dir, env.rank))
         with job_end_escapes():
-            run_rank(spec)
+            run_rank(replace(spec, restart=restart_count()))
 
     def checkpoint(self, spec: RunSpec) -> DelayedSubmission:
         """Called on task 0 when the job is timed out or preempted, just before it is requeued."""

@@ -8,12 +8,14 @@ from cpbench.record.run_record import TimeBudget
 def lines(budget: TimeBudget | None) -> list[str]:
     if budget is None:
         return []
+    restarts = f" and {len(budget.restarts)} restart(s)" if budget.restarts else ""
     took = (
-        f"; it took {budget.took_s / 60:.2g} min (its timed step included)"
+        f"; it took {budget.took_s / 60:.2g} min (its timed step{restarts} included)"
         if budget.took_s is not None
         else ""
     )
     out = ["", "## Time budget", "", budget.line + took + "."]
+    out += [f"- {line}" for line in budget.restarts]
     out += [f"- {budget.probe_line}"] if budget.probe_line else []
     out += [f"- cut: {cut}" for cut in budget.cuts]
     return out + ([f"- refused: {budget.refusal}"] if budget.refusal else [])
