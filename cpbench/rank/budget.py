@@ -59,11 +59,11 @@ def fit_plan(
         return as_set
     began = _first_planned_at(s) if restart else None
     s.heartbeat.now(f"budget: timing one step at N={first.n_tokens}")
-    planned_at = time.time()
+    planned_at, timer = time.time(), time.perf_counter()  # when (the run's clock), and how long (monotonic)
     if s.lead and todo:  # the first point's own warm-up: a crash in it is that point's
         s.folder.in_flight.start(measurer.row(first, "point", settings.repeats, prediction).as_dict())
     result = measurer.step(first, replace(settings, warmup=1, repeats=1).fixed())
-    took = s.broadcast(time.time() - planned_at)  # rank 0's, on every rank
+    took = s.broadcast(time.perf_counter() - timer)  # rank 0's, on every rank
     if result.status != "ok":
         LOG.warning("budget: the first step at N=%d did not fit: no estimate, the plan runs as set",
                     first.n_tokens)  # fmt: skip
