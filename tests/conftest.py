@@ -52,7 +52,8 @@ def rank_processes() -> multiprocessing.context.BaseContext:
 # setup included): refresh when a file grows or shrinks by much. The rest take under 10 s each.
 FILE_SECONDS = {
     "test_slurm_requeue.py": 155, "test_faults.py": 80, "test_probe.py": 80, "test_pairformer_cp.py": 69,
-    "test_slurm.py": 68, "test_slurm_cluster.py": 67, "test_sweeps.py": 56, "test_fold_workload.py": 56,
+    "test_slurm_nodes.py": 70, "test_slurm.py": 68, "test_slurm_cluster.py": 67, "test_sweeps.py": 56,
+    "test_fold_workload.py": 56,
     "test_adapters.py": 50, "test_flops_runs.py": 39, "test_path_matrix_training.py": 39,
     "test_fold_chunked.py": 38, "test_baseline.py": 37, "test_runs.py": 35, "test_inputs_complex_runs.py": 34,
     "test_report.py": 32, "test_outputs.py": 32, "test_modes.py": 27, "test_measurement.py": 26,
@@ -63,8 +64,9 @@ FILE_SECONDS = {
 }  # fmt: skip
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Every test not marked unit is in the end-to-end lane (`pytest -m e2e`).
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Every test not marked unit is in the end-to-end lane (`pytest -m e2e`). The floor lane's tests
+    (tests/test_torch_floor.py) run only where `-m` names them: CI runs them at the floor torch.
 
     The files go to the workers longest first (a file's tests stay on one worker, `--dist loadfile`):
     the longest-processing-time rule, so that no worker is left with a long file while the others have
@@ -73,6 +75,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     this order only with `--no-loadscope-reorder` (pyproject's addopts): by default it sends the files
     with the most tests first, the many quick in-process ones, and the slow files ran last (on this
     2-core machine the suite took 11m34s in xdist's order at f4139c8, 10m42s in this one)."""
+    if "floor" not in (config.option.markexpr or ""):
+        floor = [item for item in items if item.get_closest_marker("floor") is not None]
+        config.hook.pytest_deselected(items=floor)
+        items[:] = [item for item in items if item.get_closest_marker("floor") is None]
     for item in items:
         if item.get_closest_marker("unit") is None:
             item.add_marker(pytest.mark.e2e)
@@ -277,3 +283,16 @@ def idle_cluster(slurm_cluster):
     slurm_cluster.cancel_all()
     yield slurm_cluster
     slurm_cluster.cancel_all()
+
+
+@pytest.fixture(scope="session")
+def two_node_cluster(tmp_path_factory):
+    """A private SLURM cluster of two nodes (two slurmd on this host, tests/slurm_cluster.py), shared by
+    the tests of a session; its node names resolve through /etc/hosts while it runs."""
+    import slurm_cluster
+
+    slurm_cluster.skip_without_slurm()
+    slurm_cluster.skip_without_hosts_file()
+    cluster = slurm_cluster.start(tmp_path_factory.mktemp("slurm2"), nodes=2)
+    yield cluster
+    cluster.stop()

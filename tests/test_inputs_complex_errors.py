@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -78,3 +79,12 @@ def test_bad_input_stops_the_run_before_any_rank_with_exit_2(tmp_path, kind):
     assert proc.stderr.startswith(f"cpbench: error: data.path={path}: {message}"), proc.stderr
     assert proc.stderr.strip().count("\n") == 0 and "Traceback" not in proc.stderr
     assert not out.exists() or not any(out.iterdir())
+
+
+def test_a_smiles_without_rdkit_names_the_extra_in_one_line(monkeypatch):
+    """RDKit is an optional extra: a SMILES ligand without it says how to get it."""
+    from cpbench.inputs.ligand import LigandError, ligand_from_smiles
+
+    monkeypatch.setitem(sys.modules, "rdkit", None)  # what `import rdkit` meets where it is not installed
+    with pytest.raises(LigandError, match=r"^SMILES 'CCO' needs RDKit.*pip install 'cpbench\[ligands\]'$"):
+        ligand_from_smiles("CCO", seed=0)

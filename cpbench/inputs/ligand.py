@@ -15,8 +15,13 @@ class LigandError(ValueError):
 
 def ligand_from_smiles(smiles: str, seed: int) -> Component:
     """The SMILES's heavy atoms in RDKit's order, named by element and count (C1, C2, O1, ...)."""
-    from rdkit import Chem, RDLogger
-    from rdkit.Chem import AllChem
+    try:
+        from rdkit import Chem, RDLogger
+        from rdkit.Chem import AllChem
+    except ImportError:
+        raise LigandError(
+            f"SMILES '{smiles}' needs RDKit, an optional extra: pip install 'cpbench[ligands]'"
+        ) from None
 
     RDLogger.DisableLog("rdApp.*")  # RDKit's own messages would make the one-line error several
     mol = Chem.MolFromSmiles(smiles)

@@ -23,7 +23,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import FakeWork
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils.flop_counter import FlopCounterMode
@@ -34,21 +33,11 @@ from cpbench.measure.point import PointResult
 from cpbench.runtime.compile_cache import import_dynamo
 from cpbench.runtime.seed import seed_all
 from cpbench.runtime.startup import loaded
+from cpbench.torch_compat import SkipCollectives
 from cpbench.workloads.base import Contract, Workload
 
 # Operator namespaces whose ops compute nothing a FLOP counter should see, or are counted through.
 _SEEN_THROUGH = frozenset({"aten", "prims", "prim", "c10d", "_c10d_functional", "profiler", "higher_order"})
-
-
-class _SkipCollectives(TorchDispatchMode):
-    """Every `c10d` collective returns its output argument (the first, by the ops' convention) and a
-    completed work, without reaching the backend: fake tensors hold no bytes to send."""
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
-        if func.namespace != "c10d":
-            return func(*args, **(kwargs or {}))
-        returns = [FakeWork().boxed() if "Work" in str(r.type) else args[0] for r in func._schema.returns]
-        return returns[0] if len(returns) == 1 else tuple(returns) if returns else None
 
 
 class _LocalShares(TorchDispatchMode):
@@ -120,7 +109,7 @@ class FlopCount:
         fake = FakeTensorMode(allow_non_fake_inputs=True, shape_env=ShapeEnv())  # symbolic .tolist()
         self._modes.enter_context(_dtensor_metadata_uncounted())
         # The last sees an op first: a DTensor op goes to DTensor before another mode of ours sees it.
-        for mode in (fake, self._counter, _SkipCollectives(), self._local):
+        for mode in (fake, self._counter, SkipCollectives(), self._local):
             self._modes.enter_context(mode)
         return self
 

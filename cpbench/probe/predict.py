@@ -32,10 +32,11 @@ from cpbench.measure.budget import budget_gib
 from cpbench.models.pairformer import chunking
 from cpbench.probe.search import align_down, align_up
 from cpbench.runtime.compile_cache import import_dynamo
-from cpbench.runtime.rank import device_type, joined_context, pick_backend
+from cpbench.runtime.rank import device_type, joined_context, pick_backend, visible_gpus
 from cpbench.runtime.seed import seed_all
 from cpbench.settings.schema import BenchConfig, Workflow
 from cpbench.sweep import resolve_shape
+from cpbench.torch_compat import SkipCollectives
 from cpbench.workloads.base import Contract, Workload
 
 GIB = 2**30
@@ -250,7 +251,13 @@ def trace_peak(workload: Workload, topology: Topology, shape: Shape, train: bool
         tracker = LiveBytes(cut_bytes, gloo)
         tracker.hold(weights.values())
         try:
-            with _reparametrize_module(model, weights, tie_weights=True), fake, tracker, chunking.peak_only():
+            with (
+                _reparametrize_module(model, weights, tie_weights=True),
+                fake,
+                SkipCollectives(),
+                tracker,
+                chunking.peak_only(),
+            ):
                 seed_all(seed)
                 batch = workload.build_batch(shape, ctx)
                 with torch.set_grad_enabled(train):
@@ -390,6 +397,6 @@ def summary(prediction: Prediction) -> list[str]:
     ranks = ", ".join(str(r) for r in prediction.ranks)
     lines.append(f"traced ranks: {ranks}; budget {prediction.budget_gib:g} GiB per rank")
     lines.append(f"predicted max N_tokens: {prediction.proposal if prediction.proposal else 'none fits'}")
-    if not torch.cuda.is_available():  # the target device is not here: say what the estimate leaves out
+    if not visible_gpus():  # the target device is not here: say what the estimate leaves out
         lines.append(f"assumes: {ASSUMPTIONS}")
     return lines

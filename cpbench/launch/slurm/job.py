@@ -5,7 +5,11 @@ The job is checkpointable: on timeout submitit calls `checkpoint`, which marks t
 as interrupted (not broken) and requeues the same callable; SIGTERM (a preemption, scancel) marks it so
 too. The requeued ranks skip every point already in results.csv, so nothing measured is lost or measured
 twice. When there is no requeue left, the end of the job reaches submitit past every `except Exception`
-of the rank and of the workload's step (see `JobEnds`)."""
+of the rank and of the workload's step (see `JobEnds`).
+
+A rank that cannot join the job's process group (rank 0's address does not resolve or cannot be reached
+from its node) fails in one line that names the address and what to set (`RendezvousFailed`), rather
+than in torch's connect timeout, which only the task's log held."""
 
 from __future__ import annotations
 
@@ -19,6 +23,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, replace
 
 import submitit
+import torch.distributed as dist
 from submitit.core.utils import UncompletedJobError
 from submitit.helpers import Checkpointable, DelayedSubmission, TorchDistributedEnvironment
 
@@ -63,9 +68,66 @@ def master_port(job_id: str) -> int:
 
 def export_torch_environment() -> TorchDistributedEnvironment:
     """This task's torch.distributed environment from the job (rank, world size, master address and
-    port); a MASTER_PORT the user exported is kept."""
+    port). A MASTER_ADDR or MASTER_PORT the user exported is kept: where the first node's name does not
+    resolve on every node, MASTER_ADDR is the way out (submitit's export would overwrite it)."""
     os.environ.setdefault("MASTER_PORT", str(master_port(submitit.JobEnvironment().job_id)))
-    return TorchDistributedEnvironment().export(set_cuda_visible_devices=False, overwrite=True)
+    env = TorchDistributedEnvironment()
+    env.master_addr = os.environ.get("MASTER_ADDR", env.master_addr)
+    return env.export(set_cuda_visible_devices=False, overwrite=True)
+
+
+class RendezvousFailed(RuntimeError):
+    """A rank could not join the job's process group at MASTER_ADDR:MASTER_PORT."""
+
+
+def _in_rendezvous(error: BaseException) -> bool:
+    """The error rose in torch's env:// rendezvous (joining the process group), not in later work."""
+    trace = error.__traceback__
+    while trace is not None:
+        if trace.tb_frame.f_globals.get("__name__") == "torch.distributed.rendezvous":
+            return True
+        trace = trace.tb_next
+    return False
+
+
+def _what_to_set(master_addr: str) -> str:
+    """What makes rank 0's address reachable: the first node's name (submitit's MASTER_ADDR), or the
+    one the user exported."""
+    if master_addr == submitit.JobEnvironment().hostnames[0]:
+        return (
+            "the job's first node name must resolve on every node (DNS or /etc/hosts), "
+            "or export MASTER_ADDR=<an address every node reaches>"
+        )
+    return f"MASTER_ADDR={master_addr} was exported: export an address every node reaches"
+
+
+def _rendezvous_message(
+    error: dist.DistError, env: TorchDistributedEnvironment, timeout_s: float
+) -> str | None:
+    """One line for a failure to meet at rank 0's address, naming it and what to set; None for any
+    other error of the rendezvous (a port rank 0 cannot listen on, ...). Rank 0 connects to its own
+    address too. Rank 0 that timed out waiting for peers that never came says so: a consequence
+    (`is_consequence`) of their failure, which the launcher names first when it has it."""
+    at, within = f"{env.master_addr}:{env.master_port}", f"within dist.timeout_s={timeout_s:g}"
+    if isinstance(error, dist.DistNetworkError) and "connect" in str(error):
+        whom = "rank 0" if env.rank else "its own address"
+        return f"rank {env.rank} could not reach {whom} at {at} {within}: {_what_to_set(env.master_addr)}"
+    if isinstance(error, dist.DistStoreError) and "waiting for clients" in str(error):
+        fix = _what_to_set(env.master_addr)
+        return f"rank 0 timed out at {at} waiting for its peers {within}; if they could not reach it, {fix}"
+    return None
+
+
+@contextmanager
+def rendezvous_failures(env: TorchDistributedEnvironment, timeout_s: float) -> Iterator[None]:
+    """Within it, a rank's failure to meet its peers at MASTER_ADDR:MASTER_PORT leaves as one line
+    (`RendezvousFailed`), the task's result: the launcher reports it as the job's failure."""
+    try:
+        yield
+    except dist.DistError as err:
+        if not _in_rendezvous(err) or (message := _rendezvous_message(err, env, timeout_s)) is None:
+            raise
+        raise RendezvousFailed(message) from err
 
 
 def restart_count() -> int:
@@ -79,11 +141,12 @@ class SlurmRanks(Checkpointable):
 
     def __call__(self, spec: RunSpec) -> None:
         freeze_loaded()  # what unpickling this callable imported: torch, the rank loop
-        # Every rank sees all GPUs of its node and picks cuda:LOCAL_RANK, as under torchrun.
+        # A rank sees all GPUs of its node and picks cuda:LOCAL_RANK, as under torchrun, or cuda:0 where
+        # the site binds one GPU per task (runtime/rank.py `gpu_index`).
         env = export_torch_environment()
         # After submitit's own handlers, which let SIGTERM pass (it waits for USR2 to checkpoint).
         signal.signal(signal.SIGTERM, functools.partial(_end_interrupted, spec.output_dir, env.rank))
-        with job_end_escapes():
+        with job_end_escapes(), rendezvous_failures(env, spec.settings.dist.timeout_s):
             run_rank(replace(spec, restart=restart_count()))
 
     def checkpoint(self, spec: RunSpec) -> DelayedSubmission:

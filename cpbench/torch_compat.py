@@ -1,0 +1,48 @@
+"""The one place where cpbench meets the differences between the torch versions it supports (2.6 up,
+as NGC containers ship it) and the private torch names it needs.
+
+- Gather and scatter into one tensor: torch 2.13 adds `all_gather_single` / `reduce_scatter_single` and
+  deprecates `all_gather_into_tensor` / `reduce_scatter_tensor`, which older torch has alone. Same
+  semantics (output concatenated along dim 0); the newer name is used where it exists.
+- Collectives on fake tensors (the FLOP count, the memory prediction): torch 2.6 has no fake kernel for
+  the in-place `c10d` ops, later versions do. `SkipCollectives` answers them itself on every version:
+  the output argument back and a completed work handle, made with the private
+  `torch._C._distributed_c10d._create_work_from_future` (present across the range; torch's own
+  `FakeWork` appears only in later versions).
+- `torch.AcceleratorError` (torch 2.8 up) carries "CUDA error: out of memory"; before it that error is a
+  plain RuntimeError, which the message still identifies.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch.utils._python_dispatch import TorchDispatchMode
+
+all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+# Exception classes a device's errors arrive as, beyond RuntimeError (empty where torch has none).
+ACCELERATOR_ERRORS: tuple[type[BaseException], ...] = tuple(
+    cls for cls in (getattr(torch, "AcceleratorError", None),) if cls is not None
+)
+
+
+def _completed_work() -> torch.ScriptObject:
+    """A finished collective's work handle, boxed as a c10d op returns it."""
+    from torch._C._distributed_c10d import _create_work_from_future
+
+    done = torch.futures.Future()
+    done.set_result(None)
+    return _create_work_from_future(done).boxed()
+
+
+class SkipCollectives(TorchDispatchMode):
+    """Every `c10d` collective returns its output argument (the first, by the ops' convention) and a
+    completed work, without reaching the backend: fake tensors hold no bytes to send."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+        if func.namespace != "c10d":
+            return func(*args, **(kwargs or {}))
+        returns = [_completed_work() if "Work" in str(r.type) else args[0] for r in func._schema.returns]
+        return returns[0] if len(returns) == 1 else tuple(returns) if returns else None
