@@ -35,7 +35,8 @@ def test_the_estimate_is_held_against_the_cap_the_ranks_would_apply():
     topology = Topology.from_config("1d", 2, None)
     gloo = _settings("gloo")
     assert predict.for_run(gloo, AxialMixWorkload(), topology).budget_gib == 0.01  # CPU ranks: the CPU cap
-    # NCCL ranks run on their GPUs with no cap, whatever devices the launching machine has (this one
-    # has none): the estimate has no budget to be held against either.
+    # NCCL ranks with budget_gib null are capped at their card less what they hold after start-up,
+    # which only a rank can measure (the launching process never touches CUDA; this machine has no
+    # GPU): the estimate has no budget to be held against.
     with pytest.raises(ValueError, match="needs a budget"):
         predict.for_run(_settings("nccl"), AxialMixWorkload(), topology)

@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from cpbench.torch_compat import all_gather_single, reduce_scatter_single
+
 
 @dataclass
 class CommLedger:
@@ -31,6 +33,7 @@ class CommLedger:
     seconds: dict[str, float] = field(default_factory=lambda: defaultdict(float))
     calls: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     label: str = "other"
+    issued: int = 0  # collectives issued by this process, never reset: peers compare it after a failure
     # GPU collectives not yet read: (label, start event, end event)
     pending: list[tuple[str, torch.cuda.Event, torch.cuda.Event]] = field(default_factory=list)
 
@@ -88,7 +91,7 @@ CLOCK = OpClock()
 
 
 def _sync() -> None:
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
+    if torch.cuda.is_initialized():  # never a CUDA query of its own: a launching process must not start CUDA
         torch.cuda.synchronize()
 
 
@@ -130,6 +133,7 @@ def _account(label: str, nbytes: float, run, device: torch.device) -> None:
         LEDGER.seconds[label] += time.perf_counter() - start
     LEDGER.bytes_sent[label] += int(nbytes)
     LEDGER.calls[label] += 1
+    LEDGER.issued += 1
 
 
 def _size(group: dist.ProcessGroup | None) -> int:
@@ -152,7 +156,7 @@ def _all_gather(x: torch.Tensor, group, label: str) -> torch.Tensor:
     p = _size(group)
     x = x.contiguous()
     out = x.new_empty((p * x.shape[0], *x.shape[1:]))
-    _account(label, (p - 1) * _nbytes(x), lambda: dist.all_gather_single(out, x, group=group), x.device)
+    _account(label, (p - 1) * _nbytes(x), lambda: all_gather_single(out, x, group=group), x.device)
     return out
 
 
@@ -161,9 +165,7 @@ def _reduce_scatter(x: torch.Tensor, group, label: str) -> torch.Tensor:
     p = _size(group)
     x = x.contiguous()
     out = x.new_empty((x.shape[0] // p, *x.shape[1:]))
-    _account(
-        label, (p - 1) / p * _nbytes(x), lambda: dist.reduce_scatter_single(out, x, group=group), x.device
-    )
+    _account(label, (p - 1) / p * _nbytes(x), lambda: reduce_scatter_single(out, x, group=group), x.device)
     return out
 
 
@@ -304,8 +306,10 @@ def _send_recv(x: torch.Tensor, dst: int, src: int, label: str) -> torch.Tensor:
     out = torch.empty_like(x)
 
     def run() -> None:
-        requests = [dist.isend(x, dst), dist.irecv(out, src)]
-        for request in requests:
+        # One grouped operation: NCCL runs a lone isend and irecv as two operations, and two peers
+        # that both send first to each other can deadlock (NVIDIA/nccl#479); grouped, they cannot.
+        ops = [dist.P2POp(dist.isend, x, dst), dist.P2POp(dist.irecv, out, src)]
+        for request in dist.batch_isend_irecv(ops):
             request.wait()
 
     _account(label, _nbytes(x), run, x.device)

@@ -18,7 +18,7 @@ from typing import Any
 
 from cpbench.core import ConfigError, Topology
 from cpbench.rank import RunSpec
-from cpbench.runtime.rank import pick_backend
+from cpbench.runtime.rank import pick_backend, visible_gpus
 from cpbench.settings.schema import BenchConfig
 from cpbench.workloads.base import Workload
 
@@ -31,14 +31,15 @@ def is_consequence(message: str) -> bool:
     return any(c in message.lower() for c in CONSEQUENCES)
 
 
-def check_gpus(backend: str | None, cp: int, local: int) -> None:
-    """One rank per GPU: `local` ranks on this node need that many visible GPUs (NCCL only)."""
+def check_gpus(backend: str | None, cp: int, local: int, bound_apart: bool = False) -> None:
+    """One rank per GPU (NCCL only): the `local` ranks of this node see this process's GPUs (they inherit
+    its environment) and need that many. `bound_apart`: this process is one of them, started on its own
+    (a SLURM task), where a site may bind each task its own GPU (CUDA_VISIBLE_DEVICES=<k>): one visible
+    is its own (`gpu_index`). Counted without initialising CUDA: this process may fork the ranks."""
     if pick_backend(backend) != "nccl":
         return
-    import torch
-
-    visible = torch.cuda.device_count()
-    if local > visible:
+    visible = visible_gpus()
+    if local > visible and not (bound_apart and visible == 1):
         raise ConfigError(
             f"topology.cp={cp}: needs {local} GPUs on this node, {visible} visible (one rank per GPU)"
         )

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import signal
 import tempfile
 import time
@@ -56,6 +57,12 @@ class LocalLauncher(Launcher):
 
     def __init__(self, settings: LocalSettings):
         self.settings = settings
+        # This process forks the ranks (through the rank server, started again when it died, and for
+        # each launch of a sweep) and must never initialise CUDA. cpbench's own checks ask NVML
+        # (`visible_gpus`); torch's own, here before any launch (the fake-tensor estimate's FakeTensorMode
+        # and DeviceMesh, LaunchConfig since torch 2.9), call torch.cuda.is_available(), which runs cuInit
+        # unless told to ask NVML.
+        os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
 
     @classmethod
     def chosen(cls, settings: BenchConfig) -> bool:

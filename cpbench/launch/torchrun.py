@@ -80,7 +80,11 @@ class TorchrunLauncher(Launcher):
             raise ConfigError(
                 f"topology.cp={topology.cp}: torchrun started {world.size} rank(s); give them the same number"
             )
-        check_gpus(self.backend, topology.cp, world.local_size)
+        # torchrun's agent starts its node's ranks with one environment; tasks started one by one (by
+        # SLURM, by submitit) may each be bound to a GPU of their own.
+        check_gpus(
+            self.backend, topology.cp, world.local_size, bound_apart="TORCHELASTIC_RUN_ID" not in os.environ
+        )
 
     @property
     def leads(self) -> bool:

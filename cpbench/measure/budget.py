@@ -1,5 +1,6 @@
-"""A per-rank memory cap that makes allocations really fail: a smaller GPU emulated on a big one,
-or on CPU an RLIMIT_DATA set over the rank's baseline after start-up."""
+"""A per-rank memory cap that makes allocations really fail, set over what the rank holds after
+start-up: on a GPU the caching allocator's limit (the card, or a smaller one emulated on it), on CPU an
+RLIMIT_DATA."""
 
 from __future__ import annotations
 
@@ -13,10 +14,10 @@ from pathlib import Path
 
 import torch
 
-from cpbench.measure.memory import read_peak_gib, release
+from cpbench.measure.memory import GIB, read_peak_gib, release
+from cpbench.runtime.logs import LOG
 from cpbench.settings.schema import MemoryConfig
 
-GIB = 2**30
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc mallopt parameters
 
 
@@ -28,7 +29,9 @@ def _status_bytes(field: str) -> int:
 def budget_gib(memory: MemoryConfig, device_type: str) -> float | None:
     """The per-rank cap of a run whose ranks run on `device_type`: memory.budget_gib, or on CPU, where
     the machine's RAM is no device memory worth probing to its end, memory.cpu_budget_gib when that is
-    null. The ranks apply it and the fake-tensor estimate is held against it: one rule for both."""
+    null. The ranks apply it and the fake-tensor estimate is held against it: one rule for both. Null
+    on CUDA: the card less what a rank holds after start-up, which only the rank can measure
+    (`cap_rank`); the launching process, which never touches CUDA, has no figure for it."""
     if memory.budget_gib is None and device_type == "cpu":
         return memory.cpu_budget_gib
     return memory.budget_gib
@@ -36,26 +39,53 @@ def budget_gib(memory: MemoryConfig, device_type: str) -> float | None:
 
 @dataclass(frozen=True)
 class Budget:
-    """A rank's cap, applied."""
+    """A rank's cap, applied: a point fits while its peak less `baseline_gib` stays within `gib`."""
 
     gib: float  # per rank, over the baseline
-    baseline_gib: float  # what the rank held after start-up (CPU); 0 on CUDA
+    baseline_gib: float  # the part of the peak held before any step (CPU: VmHWM; CUDA: tensors)
+    # CUDA: what the device held when the cap was set (the CUDA context, NCCL's buffers, tensors and
+    # anything else on the card), which the card's memory less it leaves for the rank; None on CPU.
+    held_gib: float | None = None
 
 
 def cap_rank(memory: MemoryConfig, device: torch.device) -> Budget | None:
-    """This rank capped at `budget_gib`'s answer for its device, or None where there is no cap."""
+    """This rank capped at `budget_gib`'s answer for its device, or None where there is no cap. On a
+    GPU there always is one: with budget_gib null, the card's memory less what the rank holds now."""
     gib = budget_gib(memory, device.type)
-    return None if gib is None else Budget(gib, _apply_budget(gib, device))
-
-
-def _apply_budget(budget_gib: float, device: torch.device) -> float:
-    """Cap this rank at `budget_gib` and return the baseline the cap sits on (GiB), which the
-    fits-check subtracts from the measured peak (0 on CUDA, whose stats count only tensors).
-    `lift_budget` takes the cap off again: it is for the measured steps, not what follows them."""
     if device.type == "cuda":
-        total = torch.cuda.get_device_properties(device).total_memory
-        torch.cuda.set_per_process_memory_fraction(min(1.0, budget_gib * GIB / total), device)
-        return 0.0
+        return _cap_gpu(gib, device)
+    return None if gib is None else Budget(gib, _cap_cpu(gib, device))
+
+
+def gpu_cap(requested_gib: float | None, free: int, total: int, allocated: int) -> tuple[float, float]:
+    """(budget GiB, the caching allocator's fraction of the card) for a rank that sees `free` of `total`
+    bytes with `allocated` in its tensors: what was asked, never more than is free (an "80 GB" card
+    holds about 79.1-79.6 GiB, less its context), and the allocator's limit on its segments set at its
+    tensors plus that budget, so that a peak of tensors over the baseline stays within the budget."""
+    gib = free / GIB if requested_gib is None else min(requested_gib, free / GIB)
+    return gib, min(1.0, (allocated + gib * GIB) / total)
+
+
+def _cap_gpu(requested_gib: float | None, device: torch.device) -> Budget:
+    """The caching allocator limited by `gpu_cap` (`set_per_process_memory_fraction` limits only its
+    own segments: the context and NCCL's buffers are what mem_get_info finds held already)."""
+    release(device)  # cached segments hold nothing yet: they are the rank's to use, not start-up's
+    free, total = torch.cuda.mem_get_info(device)
+    allocated = torch.cuda.memory_allocated(device)
+    gib, fraction = gpu_cap(requested_gib, free, total, allocated)
+    if requested_gib is not None and gib < requested_gib:
+        LOG.warning(
+            "memory.budget_gib=%g: the device has %.2f GiB free after start-up (%.2f of %.2f GiB held): "
+            "capped at that", requested_gib, gib, (total - free) / GIB, total / GIB,
+        )  # fmt: skip
+    torch.cuda.set_per_process_memory_fraction(fraction, device)
+    return Budget(gib, allocated / GIB, (total - free) / GIB)
+
+
+def _cap_cpu(budget_gib: float, device: torch.device) -> float:
+    """Cap this rank's data segment at `budget_gib` over what it holds now and return its baseline
+    (GiB: the resident set so far, which the fits-check subtracts from the measured peak).
+    `lift_budget` takes the cap off again: it is for the measured steps, not what follows them."""
     # Large blocks from mmap go back to the OS when freed; glibc's dynamic threshold would otherwise
     # move them onto the heap, whose fragments count against the cap and make a point that fits
     # once fail when it is repeated.

@@ -1,14 +1,25 @@
-"""Peak memory of one rank, reset per point: CUDA allocator stats, or the CPU process's peak RSS."""
+"""Peak memory of one rank, reset per point: CUDA allocator stats, or the CPU process's peak RSS; and
+the CUDA caching allocator's settings (`memory.alloc_conf`), set before CUDA starts and recorded."""
 
 from __future__ import annotations
 
 import gc
+import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from cpbench.record import nvml
+
+GIB = 2**30
 _CLEAR_REFS = Path("/proc/self/clear_refs")
 _STATUS = Path("/proc/self/status")
+# PYTORCH_CUDA_ALLOC_CONF is the name every supported torch reads (2.6 knows no other);
+# PYTORCH_ALLOC_CONF is its device-neutral successor (torch 2.8 up warns that the old name is
+# deprecated, yet 2.9.1 ignored expandable_segments under the new name alone: pytorch/pytorch#183387).
+# Both are set to the one value, so that no version has to choose between them.
+ALLOC_CONF_VARS = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
 
 
 def release(device: torch.device) -> None:
@@ -27,8 +38,56 @@ def reset_peak(device: torch.device) -> None:
 
 def read_peak_gib(device: torch.device) -> float:
     if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**30
+        return torch.cuda.max_memory_allocated(device) / GIB
     for line in _STATUS.read_text().splitlines():
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) / 2**20  # kB
     raise RuntimeError("VmHWM missing from /proc/self/status")
+
+
+@dataclass(frozen=True)
+class Peaks:
+    """A rank's memory at its peak since `reset_peak`, GiB. On a GPU the allocator's two figures differ
+    by what it caches and fragments, and neither counts the CUDA context or NCCL's buffers: NVML's
+    reading of the device does (every process on it)."""
+
+    gib: float  # `read_peak_gib`: CUDA max_memory_allocated (tensors); CPU VmHWM (the process)
+    reserved_gib: float | None = None  # CUDA max_memory_reserved: the allocator's segments
+    device_used_gib: float | None = None  # CUDA: NVML's used memory of the device (None: unreadable)
+
+
+def read_peaks(device: torch.device) -> Peaks:
+    """The peaks, read after the steps and before `release`: the allocator then still holds the
+    segments of its peak (it gives them back at `empty_cache`, or early under a
+    garbage_collection_threshold in memory.alloc_conf), so NVML's reading is the device's use at the
+    peak."""
+    if device.type != "cuda":
+        return Peaks(read_peak_gib(device))
+    uuid = str(torch.cuda.get_device_properties(device).uuid)
+    reserved = torch.cuda.max_memory_reserved(device) / GIB
+    return Peaks(read_peak_gib(device), reserved, nvml.used_gib(uuid))
+
+
+def set_alloc_conf(conf: str | None) -> None:
+    """memory.alloc_conf into this process's environment, for the caching allocator to read when CUDA
+    starts (once: a process whose CUDA already started cannot take another); null leaves the
+    environment as it is."""
+    if conf is None:
+        return
+    if torch.cuda.is_initialized() and alloc_conf() != conf:
+        raise RuntimeError(
+            f"memory.alloc_conf={conf}: CUDA already started in this process with {alloc_conf()}; "
+            "run it in a process of its own"
+        )
+    os.environ.update(dict.fromkeys(ALLOC_CONF_VARS, conf))
+
+
+def alloc_conf() -> str:
+    """The allocator settings this process's environment holds, as a run records them: the value,
+    each variable by name where they differ, "default" where neither is set."""
+    found = {name: os.environ[name] for name in ALLOC_CONF_VARS if name in os.environ}
+    if not found:
+        return "default"
+    if len(set(found.values())) == 1:
+        return next(iter(found.values()))
+    return ", ".join(f"{name}={value}" for name, value in found.items())

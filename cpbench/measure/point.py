@@ -27,7 +27,7 @@ from cpbench.distributed.comm import LEDGER
 from cpbench.measure.budget import Budget
 from cpbench.measure.checksum import local_share
 from cpbench.measure.fault import Fault
-from cpbench.measure.memory import read_peak_gib, release, reset_peak
+from cpbench.measure.memory import read_peaks, release, reset_peak
 from cpbench.measure.oom import BudgetExceeded, describe, is_oom
 from cpbench.measure.stats import (
     PointTimes,
@@ -49,6 +49,8 @@ class PointResult:
 
     status: str  # ok | oom
     peak_mem_gib: float  # max over ranks
+    peak_reserved_gib: float | None = None  # GPU: max over ranks (measure/memory.py `read_peaks`)
+    device_used_gib: float | None = None  # GPU: NVML's used memory of the device, max over ranks
     walltime_ms: float | None = None  # median over repeats of the slowest rank
     walltime_iqr_ms: float | None = None
     forward_ms: float | None = None
@@ -109,6 +111,16 @@ def agree_fits(fits: bool, group: dist.ProcessGroup, wait_s: float | None = None
     return flag.item() == 1.0
 
 
+def collectives_in_flight(issued: int, group: dist.ProcessGroup, counted: bool) -> bool:
+    """After a point that did not fit: whether some rank may have a collective queued that a peer never
+    joined (NCCL runs them asynchronously, so such a kernel waits on the device for ever). Every rank
+    issued as many as its peers: none. `counted` False: the model's own collectives are invisible to
+    the ledger, so it cannot be ruled out."""
+    counts: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(counts, issued, group=group)
+    return not counted or len(set(counts)) > 1
+
+
 def _guarded(fn: Callable[[], Any]) -> tuple[Any, str]:
     """Run fn; an out-of-memory error becomes a message, anything else propagates."""
     try:
@@ -165,6 +177,7 @@ def measure_point(
     release(ctx.device)
     reset_peak(ctx.device)
     fault, budget = settings.fault, settings.budget
+    issued_before = LEDGER.issued
 
     def build() -> Any:
         fault.before_batch(ctx.rank, shape.n_tokens, ctx.device)
@@ -191,7 +204,8 @@ def measure_point(
         raise OutOfMemoryAlone(f"{err}: {failure}") from err
     if built:
         timed, failure = _guarded(steps)
-    peak_local = read_peak_gib(ctx.device)
+    peaks = read_peaks(ctx.device)  # before `release`: the allocator still holds its peak's segments
+    peak_local = peaks.gib
     if not failure and budget is not None and peak_local - budget.baseline_gib > budget.gib:
         failure = describe(
             BudgetExceeded(
@@ -199,21 +213,35 @@ def measure_point(
             )
         )
     batches = None
-    release(ctx.device)
     if built:
         note(failure)  # in a step, or over the budget
     # After a failure inside the steps the peers may be stuck in a collective: wait for them briefly.
+    # The agreement runs on the control group (gloo, on the CPU) before any device work: on a GPU,
+    # `release` (empty_cache) waits for this rank's queued kernels, and a collective whose peer left
+    # never ends.
     try:
         fits = agree_fits(not failure, control, settings.agree_wait_s if failure and timed is None else None)
     except OutOfMemoryAlone as err:
         raise OutOfMemoryAlone(f"{err}: {failure}") from err
-    peak = _reduce([peak_local], control, dist.ReduceOp.MAX)[0]
+    if (
+        not fits
+        and ctx.device.type == "cuda"
+        and collectives_in_flight(LEDGER.issued - issued_before, control, settings.counts_comm)
+    ):
+        raise OutOfMemoryAlone(f"out of memory with collectives left in flight on the GPU: {failure}")
+    release(ctx.device)
+    # A figure a rank does not have (CPU, NVML unreadable) is -1 in the reduction, and blank after it.
+    gpu = [-1.0 if v is None else v for v in (peaks.reserved_gib, peaks.device_used_gib)]
+    peak, *gpu = _reduce([peak_local, *gpu], control, dist.ReduceOp.MAX)
+    reserved, used = (None if v < 0 else v for v in gpu)
     if not fits:
         messages = [None] * dist.get_world_size(control)
         dist.all_gather_object(messages, failure, group=control)
         first = next((f"rank {r}: {m}" for r, m in enumerate(messages) if m), "")
-        return PointResult(status="oom", peak_mem_gib=peak, error=first)
-    result = _summarise(timed, peak, control, loss=runner.returns_loss)
+        return PointResult(status="oom", peak_mem_gib=peak, peak_reserved_gib=reserved, device_used_gib=used,
+                           error=first)  # fmt: skip
+    result = replace(_summarise(timed, peak, control, loss=runner.returns_loss), peak_reserved_gib=reserved,
+                     device_used_gib=used)  # fmt: skip
     if settings.profile_comm:
         seconds = _reduce([timed.profiled_s], control, dist.ReduceOp.MAX)[0]
         return replace(result, comm_ms=seconds * 1e3, comm_mib_per_step=None, comm_ops=[])

@@ -15,6 +15,7 @@ from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
 
 from cpbench.core import DoesNotFit
 from cpbench.measure.budget import lift_budget
+from cpbench.measure.memory import set_alloc_conf
 from cpbench.measure.point import OutOfMemoryAlone
 from cpbench.rank.budget import fit_plan, fit_probe
 from cpbench.rank.convergence import converge
@@ -40,6 +41,7 @@ def run_rank(spec: RunSpec, workload: Workload | None = None) -> None:
     dtype = getattr(torch, settings.dtype.value)
     torch.set_float32_matmul_precision(settings.matmul_precision)  # set every run: a process may run many
     deterministic(settings.mode is Mode.accuracy)  # before CUDA starts: it sets the cuBLAS workspace
+    set_alloc_conf(settings.memory.alloc_conf)  # before CUDA starts: the allocator reads it once
     d = settings.dist
     with rank_runtime(spec.topology, d.backend, d.timeout_s, dtype, settings.seed) as ctx:
         ctx.data_path = settings.data.path

@@ -14,6 +14,7 @@ from cpbench.core import RankContext
 from cpbench.measure import flops
 from cpbench.measure.budget import Budget, cap_rank
 from cpbench.measure.fault import Fault
+from cpbench.measure.memory import alloc_conf
 from cpbench.measure.point import PointSettings, comm_timing
 from cpbench.record import metadata, run_record
 from cpbench.record.mllog import RunLog
@@ -91,9 +92,10 @@ class RankSession:
             ctx.device, pick_backend(settings.dist.backend), ctx.topology, ctx.world_size,
             int(os.environ.get("LOCAL_WORLD_SIZE", ctx.world_size)), self.config_hash,
         )  # fmt: skip
-        cap = MemoryCap(budget and budget.gib, budget and budget.baseline_gib)
+        cap = MemoryCap(budget and budget.gib, budget and budget.baseline_gib, budget and budget.held_gib)
         timing, peak = comm_timing(ctx.device, point_settings), DevicePeak(**self.peak.as_json())
-        meta = replace(found, seed=settings.seed, memory=cap, comm_timing=timing, peak=peak)
+        meta = replace(found, seed=settings.seed, memory=cap, alloc_conf=alloc_conf(), comm_timing=timing,
+                       peak=peak)  # fmt: skip
         run_record.start(self.folder, meta, tuple(what_changed), restarted)
         self.mllog.submission(
             meta, self.workload_name, settings.workflow.value, ctx.topology.cp, settings.seed

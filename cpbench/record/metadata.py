@@ -9,6 +9,7 @@ import re
 import socket
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -79,6 +80,25 @@ def _device_model(device: torch.device) -> str:
     return cpu_model()
 
 
+def sharing(local_world: int, gpus_seen: int | None, cores: int) -> dict[str, Any]:
+    """How this node's `local_world` ranks share its devices, counted from the devices each rank sees.
+    GPU ranks (`gpus_seen`: those one rank sees) see the same GPUs and take one each, or see one GPU of
+    their own each where a site binds one per task (CUDA_VISIBLE_DEVICES=<k>; NCCL refuses two ranks of
+    one group on one GPU), which is no sharing. CPU ranks (None) share the node's `cores`."""
+    if gpus_seen is None:
+        devices, units, unit = 1, cores, "CPU core"
+    else:
+        devices = local_world if gpus_seen == 1 else gpus_seen
+        units, unit = devices, "GPU"
+    shared = local_world > devices
+    return {
+        "device_count": devices,
+        "devices_shared": f"yes ({local_world} ranks on {devices} device(s))" if shared else "no",
+        "ranks_per_device": round(local_world / units, 2),
+        "oversubscribed": f"yes ({local_world} ranks on {units} {unit}(s))" if local_world > units else "no",
+    }
+
+
 def collect(
     device: torch.device,
     backend: str,
@@ -87,18 +107,14 @@ def collect(
     local_world: int,
     config_digest: str,
 ) -> RunMetadata:
-    """What the run ran on and with, at its start (the session adds the seed, the cap, comm timing)."""
+    """What the run ran on and with, at its start (the session adds the seed, the cap, comm timing).
+    Called in a rank, after its device is set: the CUDA queries here never run in a launching process."""
     on_cuda = device.type == "cuda"
-    devices = torch.cuda.device_count() if on_cuda else 1
-    shared = local_world > devices
-    # On CPU the ranks share the cores: more ranks than cores oversubscribes them.
-    units, unit = (devices, "GPU") if on_cuda else (os.cpu_count() or 1, "CPU core")
     gpu = nvml.gpu_state(str(torch.cuda.get_device_properties(device).uuid)) if on_cuda else {}
     found = {
         "date": now(),
         "host": socket.gethostname(),
         "device": _device_model(device),
-        "device_count": devices,
         "cpu_cores": os.cpu_count(),
         "smt": smt(),
         "backend": backend,
@@ -110,9 +126,7 @@ def collect(
         "world_size": world_size,
         "clocks_locked": "n/a (CPU)",
         **gpu,
-        "devices_shared": f"yes ({local_world} ranks on {devices} device(s))" if shared else "no",
-        "ranks_per_device": round(local_world / units, 2),
-        "oversubscribed": f"yes ({local_world} ranks on {units} {unit}(s))" if local_world > units else "no",
+        **sharing(local_world, torch.cuda.device_count() if on_cuda else None, os.cpu_count() or 1),
         "config_hash": config_digest,
         "commit": project_commit(),
     }

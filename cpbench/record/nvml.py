@@ -1,10 +1,12 @@
 """What makes two GPU timings comparable, read through NVML: the driver, the SM clocks (applications
 vs maximum, and whether they are locked), the power limit and the other processes on the device.
-Each field is a reading or "unknown" with the reason it could not be read, never a guess."""
+Each field is a reading or "unknown" with the reason it could not be read, never a guess. And the
+device's used memory, which a point's peak records beside the allocator's figures."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import cache
 from typing import Any
 
 FIELDS = ("gpu_driver", "sm_clocks_mhz", "clocks_locked", "gpu_processes", "power_limit_w")
@@ -30,6 +32,35 @@ def gpu_state(uuid: str) -> dict[str, Any]:
         return _read(pynvml, handle)
     finally:
         pynvml.nvmlShutdown()
+
+
+def used_gib(uuid: str) -> float | None:
+    """NVML's used memory of the GPU with this UUID, GiB: every process on it, CUDA contexts and NCCL's
+    buffers included, which no allocator statistic counts; None where NVML cannot say."""
+    handle = _handle(uuid)
+    if handle is None:
+        return None
+    import pynvml
+
+    try:
+        return pynvml.nvmlDeviceGetMemoryInfo(handle).used / 2**30
+    except pynvml.NVMLError:
+        return None
+
+
+@cache
+def _handle(uuid: str) -> Any | None:
+    """The device's NVML handle, NVML started once for the process (a reading per point, not a start
+    and a shutdown each); None without NVML or without that device."""
+    try:
+        import pynvml
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+        return pynvml.nvmlDeviceGetHandleByUUID(f"GPU-{uuid}".encode())
+    except pynvml.NVMLError:
+        return None
 
 
 def _unknown(reason: str) -> dict[str, Any]:

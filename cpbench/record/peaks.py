@@ -42,7 +42,11 @@ DENSE_TFLOPS: dict[str, dict[str, float]] = {
     "GB200": {"fp32": 80.0, "tf32": 1250.0, "bf16": 2500.0, "fp16": 2500.0},
 }
 # torch.cuda.get_device_name -> the table's device, matched whole word by whole word: the first match
-# wins, so the specific names come before the general ones.
+# wins, so the specific names come before the general ones. The names the driver gives, as recorded
+# in public runs: "NVIDIA H100 80GB HBM3" (the SXM card), "NVIDIA H100 SXM5 80GB" (some clouds),
+# "NVIDIA H100 PCIe", "NVIDIA H100 NVL", "NVIDIA H200", "NVIDIA H200 NVL", "NVIDIA A100-SXM4-80GB",
+# "NVIDIA A100 80GB PCIe", "NVIDIA B200", "NVIDIA GB200"; "NVIDIA GH200 480GB" (a Hopper with its
+# own datasheet, not in the table) and a bare "NVIDIA H100" (which card?) match nothing.
 _NAMES: tuple[tuple[str, str], ...] = (
     (r"\bGB200\b", "GB200"),
     (r"\bB200\b", "B200"),
@@ -50,7 +54,7 @@ _NAMES: tuple[tuple[str, str], ...] = (
     (r"\bH200\b", "H200"),
     (r"\bH100 NVL\b", "H100 NVL"),
     (r"\bH100 PCIe\b", "H100 PCIe"),
-    (r"\bH100 (SXM|80GB HBM3)\b", "H100 SXM"),
+    (r"\bH100 (SXM\d*|80GB HBM3)\b", "H100 SXM"),
     (r"\bA100\b", "A100"),
 )
 

@@ -21,10 +21,12 @@ def _known(cls: type, raw: dict[str, Any]) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class MemoryCap:
-    """The per-rank cap as the run applied it; budget_gib None: no cap (the device's own memory)."""
+    """The per-rank cap as the run applied it (cpbench/measure/budget.py); budget_gib None: no cap (CPU
+    only: a GPU rank is always capped, with budget_gib null at the card less what it holds)."""
 
     budget_gib: float | None
-    baseline_gib: float | None  # what rank 0 held after start-up (CPU); 0 on CUDA
+    baseline_gib: float | None  # what rank 0 held after start-up, as its peak counts it
+    held_gib: float | None = None  # CUDA: what rank 0's device held then (context, NCCL, the rest)
 
 
 @dataclass(frozen=True)
@@ -67,7 +69,8 @@ class RunMetadata:
     seed: int | None = None
     comm_timing: str | None = None
     config_hash: str | None = None
-    memory: MemoryCap | None = None  # run.json keeps its two figures at the top level
+    memory: MemoryCap | None = None  # run.json keeps its figures at the top level
+    alloc_conf: str | None = None  # the CUDA caching allocator's settings the ranks ran with
     commit: str | None = None
     peak: DevicePeak | None = None  # its own entry in run.json; the efficiency section says it
 
@@ -81,13 +84,14 @@ class RunMetadata:
         return self.backend == "gloo" and self.cuda in (None, "none")
 
     def recorded(self) -> list[tuple[str, Any]]:
-        """(name, value) of every figure the run recorded, in order; the cap's two figures stand in
-        for `memory` (a blank budget is a run without a cap, and is said)."""
+        """(name, value) of every figure the run recorded, in order; the cap's figures stand in for
+        `memory` (a blank budget is a run without a cap, and is said; held_gib only on a GPU)."""
         items: list[tuple[str, Any]] = []
         for f in fields(self):
             value = getattr(self, f.name)
             if f.name == "memory" and value is not None:
                 items += [("budget_gib", value.budget_gib), ("baseline_gib", value.baseline_gib)]
+                items += [("held_gib", value.held_gib)] if value.held_gib is not None else []
             elif f.name not in ("memory", "peak") and value is not None:
                 items.append((f.name, value))
         return items
@@ -99,7 +103,7 @@ class RunMetadata:
     def from_json(cls, raw: dict[str, Any]) -> RunMetadata:
         known = _known(cls, raw)
         if "budget_gib" in raw:
-            known["memory"] = MemoryCap(raw["budget_gib"], raw.get("baseline_gib"))
+            known["memory"] = MemoryCap(raw["budget_gib"], raw.get("baseline_gib"), raw.get("held_gib"))
         if raw.get("peak"):
             known["peak"] = DevicePeak(**_known(DevicePeak, raw["peak"]))
         return cls(**known)

@@ -47,6 +47,11 @@ class ResultRow:
     flops_uncounted: str = ""
     # probe.predict: the fake-tensor estimate of peak_mem_gib (the baseline included, as the measure)
     predicted_peak_gib: float | None = None
+    # GPU, beside peak_mem_gib (tensors): the caching allocator's peak of reserved segments, and NVML's
+    # used memory of the device at the peak (every process on it: the CUDA context and NCCL's buffers
+    # too); the largest over ranks, blank on CPU (measure/memory.py `read_peaks`).
+    peak_reserved_gib: float | None = None
+    device_used_gib: float | None = None
     # The quantities that must not change (mode=accuracy checks them against cp=1): native training's
     # loss (its output, so also the checksum) and, in accuracy mode, the summed gradients' L2 norm.
     loss: float | None = None

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import ctypes.util
+import functools
 import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import timedelta
@@ -10,17 +14,63 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from cpbench.core import RankContext, Topology
+from cpbench.core import ConfigError, RankContext, Topology
 from cpbench.runtime.mesh import build_mesh
 
 
+def visible_gpus() -> int:
+    """The GPUs this process sees (CUDA_VISIBLE_DEVICES honoured), counted without initialising CUDA
+    here: the launching process forks ranks, and a fork after cuInit (which torch.cuda.is_available()
+    runs) leaves every rank "Cannot re-initialize CUDA in forked subprocess". NVML counts them (torch's
+    own NVML count, the one device_count() tries first); where it cannot (MIG devices, NVML missing
+    beside a CUDA driver, a ROCm build), a child process asks CUDA."""
+    if not torch.backends.cuda.is_built():
+        return 0
+    if not torch.version.hip:
+        counted = torch.cuda._device_count_nvml()
+        if counted >= 0:
+            return counted
+        if ctypes.util.find_library("cuda") is None:  # no CUDA driver: nothing here can see a GPU
+            return 0
+    return _gpus_of_child(os.environ.get("CUDA_VISIBLE_DEVICES"))
+
+
+@functools.cache
+def _gpus_of_child(visible: str | None) -> int:
+    """torch's own count, asked in a process of its own (about 1.5 s of imports), once for each
+    CUDA_VISIBLE_DEVICES (`visible`, which the child inherits) of this process."""
+    ask = "import torch; print(torch.cuda.device_count())"
+    done = subprocess.run(
+        [sys.executable, "-c", ask], capture_output=True, text=True, timeout=300, check=True
+    )
+    return int(done.stdout)
+
+
 def pick_backend(requested: str | None) -> str:
-    return requested or ("nccl" if torch.cuda.is_available() else "gloo")
+    """The backend asked for, else NCCL where a GPU is visible and gloo where none is. The launching
+    process and its ranks decide alike, and neither initialises CUDA to do it (`visible_gpus`)."""
+    return requested or ("nccl" if visible_gpus() else "gloo")
 
 
 def device_type(backend: str) -> str:
     """Where a rank of this backend runs: NCCL ranks on their GPU, every other backend on CPU."""
     return "cuda" if backend == "nccl" else "cpu"
+
+
+def gpu_index(local_rank: int, local_world: int, visible: int) -> int:
+    """The GPU a rank takes among the `visible` ones it sees: its LOCAL_RANK where the node's ranks see
+    the same GPUs, one or more each; the only one where a site binds one GPU per task
+    (`--gpus-per-task=1`: CUDA_VISIBLE_DEVICES=<k>, so every rank's GPU is cuda:0). Anything else
+    would put two ranks on one GPU or a rank on none: a ConfigError saying so."""
+    if visible >= local_world and local_rank < visible:
+        return local_rank
+    if visible == 1:
+        return 0
+    raise ConfigError(
+        f"CUDA_VISIBLE_DEVICES: local rank {local_rank} of {local_world} on this node sees {visible} GPU(s); "
+        f"let every local rank see at least {local_world} (each takes cuda:LOCAL_RANK) or exactly one, "
+        "its own (one GPU per task)"
+    )
 
 
 @contextmanager
@@ -35,7 +85,7 @@ def rank_runtime(
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
     backend = pick_backend(backend)
     if device_type(backend) == "cuda":
-        device = torch.device("cuda", local_rank)
+        device = torch.device("cuda", gpu_index(local_rank, local_world, torch.cuda.device_count()))
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")

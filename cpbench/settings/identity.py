@@ -40,7 +40,7 @@ PART_OF: dict[str, tuple[str, ...]] = {
     "budget": (BASELINE,),  # the time budget trims the plan, not a point's figures
     "accuracy": (ROWS, BASELINE),
     "measure": (ROWS, BASELINE),  # peak_tflops too: a row's mfu divides by it
-    "memory": (ROWS, BASELINE),
+    "memory": (ROWS, BASELINE),  # alloc_conf too: the allocator's settings move peaks and what fits
     "dist": (ROWS, BASELINE),
     "launch": (),  # how ranks start
     "fault": (ROWS, BASELINE),  # the baseline's has none

@@ -146,9 +146,13 @@ class MeasureConfig:
 
 @dataclass
 class MemoryConfig:
-    budget_gib: float | None = None  # per-rank cap; null: the device's own memory
+    budget_gib: float | None = None  # per-rank cap; null: on a GPU the card less what a rank holds
     # On CPU with budget_gib null: the machine's RAM is no device memory worth probing to its end.
     cpu_budget_gib: float | None = 2.0
+    # The CUDA caching allocator's settings for the ranks (PYTORCH_CUDA_ALLOC_CONF, e.g.
+    # expandable_segments:True), set in each rank before CUDA starts; null: as the environment has it.
+    # Every run records what its ranks ran with.
+    alloc_conf: str | None = None
 
 
 @dataclass

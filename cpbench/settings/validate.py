@@ -3,6 +3,8 @@ the setting and what is allowed."""
 
 from __future__ import annotations
 
+import re
+
 from omegaconf import DictConfig, OmegaConf
 
 from cpbench.core import ConfigError, Topology
@@ -23,6 +25,16 @@ def _positive(name: str, value, allow_null: bool = False) -> None:
         return
     if value is None or value <= 0:
         raise ConfigError(f"{name}={value}: must be > 0")
+
+
+def _check_alloc_conf(conf: str | None) -> None:
+    """The form PYTORCH_CUDA_ALLOC_CONF takes, `option:value[,option:value...]`: a rank would otherwise
+    fail only when CUDA starts, or run with the setting silently ignored."""
+    if conf is not None and not re.fullmatch(r"\s*\w+\s*:.*\S.*", conf):
+        raise ConfigError(
+            f"memory.alloc_conf={conf!r}: must be option:value[,option:value...] as "
+            "PYTORCH_CUDA_ALLOC_CONF takes it, e.g. expandable_segments:True"
+        )
 
 
 def validate(settings: BenchConfig) -> Topology:
@@ -84,6 +96,7 @@ def validate(settings: BenchConfig) -> Topology:
         raise ConfigError("probe.predict: needs a per-rank budget: set memory.budget_gib")
     _positive("memory.budget_gib", settings.memory.budget_gib, allow_null=True)
     _positive("memory.cpu_budget_gib", settings.memory.cpu_budget_gib, allow_null=True)
+    _check_alloc_conf(settings.memory.alloc_conf)
     if settings.launch.max_restarts < 0:
         raise ConfigError(f"launch.max_restarts={settings.launch.max_restarts}: must be >= 0")
     _check_fault(settings, topology.cp)

@@ -21,7 +21,9 @@ LABELS = {
     "seed": "seed",
     "comm_timing": "comm ms measured by", "config_hash": "config hash",
     "budget_gib": "memory budget GiB (per rank)",
-    "baseline_gib": "start-up baseline GiB (rank 0)", "commit": "project commit",
+    "baseline_gib": "start-up baseline GiB (rank 0)",
+    "held_gib": "GPU memory held after start-up GiB (rank 0's device)",
+    "alloc_conf": "CUDA allocator settings (PYTORCH_CUDA_ALLOC_CONF)", "commit": "project commit",
 }  # fmt: skip
 
 

@@ -1,0 +1,90 @@
+"""Mechanisms that matter on NCCL, exercised on 2 real gloo ranks: a ring step posts its send and its
+receive as one grouped operation (two peers that both send first deadlock NCCL when they are not,
+NVIDIA/nccl#479), and after a point that did not fit, peers compare how many collectives each issued, so
+that a GPU rank never waits on the device for a collective its peer left (measure/point.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from test_pairformer_cp import rank_context, spawn
+
+
+def _report(tmp: str, rank: int, failures: list[str]) -> None:
+    Path(tmp, f"rank{rank}.json").write_text(json.dumps(failures))
+
+
+def _ring_step_is_grouped(rank: int, world: int, tmp: str) -> None:
+    from cpbench.distributed import comm
+
+    failures: list[str] = []
+    try:
+        rank_context(rank, world, tmp, "1d", (world, 1))
+        grouped: list[int] = []
+        real = dist.batch_isend_irecv
+
+        def spy(ops):  # the real call, counted
+            grouped.append(len(ops))
+            return real(ops)
+
+        dist.batch_isend_irecv = spy
+        peer = 1 - rank  # a grid with 2 columns: each rank's peer is both where it sends and receives from
+        x = torch.full((3,), float(rank), requires_grad=True)
+        got = comm.send_recv(x, dst=peer, src=peer)
+        got.sum().backward()
+        if got.tolist() != [float(peer)] * 3:
+            failures.append(f"rank {rank} received {got.tolist()}")
+        if grouped != [2, 2]:  # forward and backward: each one send and one receive, together
+            failures.append(f"rank {rank}: grouped operations {grouped}")
+    except Exception as err:  # noqa: BLE001 - reported to the test process
+        failures.append(repr(err))
+    finally:
+        _report(tmp, rank, failures)
+        dist.destroy_process_group()
+
+
+def test_a_ring_step_posts_send_and_receive_as_one_group():
+    assert spawn(_ring_step_is_grouped, 2, timeout=120) == [[], []]
+
+
+def _in_flight(rank: int, world: int, tmp: str) -> None:
+    from cpbench.measure.point import collectives_in_flight
+
+    failures: list[str] = []
+    try:
+        rank_context(rank, world, tmp, "1d", (world, 1))
+        group = dist.group.WORLD
+        cases = {  # (this rank's count, counted) -> expected
+            "equal": ((5, True), False),
+            "one more on rank 1": ((5 + rank, True), True),
+            "uncounted": ((5, False), True),
+        }
+        for name, ((issued, counted), expected) in cases.items():
+            if collectives_in_flight(issued, group, counted) != expected:
+                failures.append(f"rank {rank}: {name}: expected {expected}")
+    except Exception as err:  # noqa: BLE001 - reported to the test process
+        failures.append(repr(err))
+    finally:
+        _report(tmp, rank, failures)
+        dist.destroy_process_group()
+
+
+def test_collectives_left_in_flight_are_found_by_comparing_counts():
+    assert spawn(_in_flight, 2, timeout=120) == [[], []]
+
+
+def test_every_collective_through_the_ledger_is_counted_as_issued():
+    from cpbench.distributed.comm import LEDGER, all_reduce_sum
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        before = LEDGER.issued
+        all_reduce_sum(torch.ones(2), dist.group.WORLD)
+        LEDGER.reset()  # a point's figures are reset; the count of what was issued is not
+        all_reduce_sum(torch.ones(2), dist.group.WORLD)
+        assert LEDGER.issued - before == 2
+    finally:
+        dist.destroy_process_group()
