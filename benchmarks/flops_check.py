@@ -1,10 +1,14 @@
 """The model-FLOP counter and the CPU peak against independent references (docs/measurement.md).
 
-    python benchmarks/flops_check.py [--n-tokens 256] [--gemm 512] [--rounds 5]
+    python benchmarks/flops_check.py [--n-tokens 256] [--gemm 512] [--rounds 5] [--fold-n 2048]
 
 Counter: one Pairformer block at AlphaFold3's sizes (c_z 128, c_s 384, 4 x 32 triangle heads, 16
 single heads), forward at N tokens on one rank, counted on fake tensors, against the analytic count
 of its matmuls written down in docs/pairformer.md (tests/test_flops.py holds the same formula).
+
+Time: counting one step of `workload=fold` (AF3's sizes, 200 sampling steps, inference) at
+--fold-n tokens on one rank (cp=1), as a run's `measure.count_flops` does (`count_step`: each
+identical-pass loop counted at 1 and 2 passes and extrapolated); 0 skips it.
 
 Peak: cpbench's CPU GEMM rate (`record/peaks.py` `measure_gemm`, the one run.json records: the
 fastest of its products) against the fastest of torch.utils.benchmark.Timer's single products for
@@ -15,17 +19,22 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 
 import torch
 from torch.utils.benchmark import Timer
 
-from cpbench.measure.flops import FlopCount
+from cpbench.core import Topology
+from cpbench.measure.flops import FlopCount, count_step
 from cpbench.models.pairformer import PairformerConfig, PairLayout
 from cpbench.models.pairformer.block import PairformerBlock
+from cpbench.probe.predict import _fake_rank
 from cpbench.record.peaks import measure_gemm
+from cpbench.sweep import resolve_shape
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from flops_expected import builtin  # noqa: E402  a workload as `workload=<name>` composes it
 from test_flops import pairformer_block_flops  # noqa: E402  the formula the test pins
 
 
@@ -34,7 +43,18 @@ def main() -> None:
     parser.add_argument("--n-tokens", type=int, default=256)
     parser.add_argument("--gemm", type=int, default=512)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--fold-n", type=int, default=2048)
     args = parser.parse_args()
+
+    if args.fold_n:
+        workload, shape_settings = builtin("fold", "workload.sampling.steps=200")
+        shape = resolve_shape(shape_settings, n_tokens=args.fold_n)
+        with _fake_rank(Topology.from_config("1d", 1, None), 0, torch.float32, 0) as ctx:
+            model, start = workload.build_model(ctx), time.perf_counter()
+            step = count_step(workload, model, shape, ctx, train=False, seed=0)
+            took = time.perf_counter() - start
+        print(f"workload=fold, inference, {shape}, 200 sampling steps, cp=1: {step.flops / 1e12:.6g} TFLOP "
+              f"counted in {took:.1f} s on {torch.get_num_threads()} thread(s)")  # fmt: skip
 
     cfg, n = PairformerConfig(n_blocks=1), args.n_tokens
     with FlopCount() as count, torch.no_grad():

@@ -105,6 +105,8 @@ def test_bad_budget_settings_are_one_line_each():
     from cpbench.settings.validate import validate
 
     for bad, says in (("budget.minutes=0", "budget.minutes=0.0: must be > 0"),
+                      ("budget.cuda_minutes=0", "budget.cuda_minutes=0.0: must be > 0"),
+                      ("probe.warmup=-1", "probe.warmup=-1: must be >= 0"),
                       ("budget.min_repeats=0", "budget.min_repeats=0: must be >= 1")):  # fmt: skip
         with pytest.raises(ConfigError) as err:
             validate(settings(bad))

@@ -130,22 +130,32 @@ def _failure(err: ChildFailedError) -> RankFailure:
 def launch_local(spec: RunSpec, nprocs: int, max_restarts: int, notify: Notify) -> None:
     """Run `run_rank(spec)` in `nprocs` local processes. When a rank crashes (killed, or stuck
     behind a dead peer until the collective timeout) relaunch them all, up to `max_restarts` times:
-    the run resumes from its persisted state. A rank that raises ends the job: raise RankFailure, or
-    ShapeDoesNotFit when what it raised was DoesNotFit (a run of one fixed shape out of memory)."""
-    for restart in range(max_restarts + 1):
+    the run resumes from its persisted state. A rank that ran out of memory alone is a finding, not a
+    crash: its N is recorded as oom and never tried again, so such restarts are bounded by the probe's
+    steps and spend none of `max_restarts` (a probe near the edge would otherwise use it up with
+    answers). A rank that raises ends the job: raise RankFailure, or ShapeDoesNotFit when what it raised
+    was DoesNotFit (a run of one fixed shape out of memory)."""
+    crashes = findings = 0
+    while True:
         try:
-            return _launch_once(replace(spec, restart=restart), nprocs)
+            return _launch_once(replace(spec, restart=crashes + findings), nprocs)
         except RankFailure as failure:
             if failure.error_type == DoesNotFit.__name__:
                 raise ShapeDoesNotFit(failure.message) from None
-            if not failure.crashed or restart == max_restarts:
+            if not failure.crashed:
                 raise
-            again = f"restart {restart + 1} of {max_restarts}"
-            if failure.error_type == OutOfMemoryAlone.__name__:  # a finding, not a crash
-                line = f"rank {failure.rank}: {failure.message}; recorded as oom, the ranks restart to go on"
+            if failure.error_type == OutOfMemoryAlone.__name__:
+                findings += 1
+                line = (
+                    f"rank {failure.rank}: {failure.message}; recorded as oom, the ranks restart to go on "
+                    f"(out-of-memory restart {findings}, not counted against launch.max_restarts)"
+                )
             else:
-                line = f"{failure}; relaunching, the run resumes"
-            notify(Restarting(f"{line} ({again})"))
+                crashes += 1
+                if crashes > max_restarts:
+                    raise
+                line = f"{failure}; relaunching, the run resumes (restart {crashes} of {max_restarts})"
+            notify(Restarting(line))
 
 
 def _launch_once(spec: RunSpec, nprocs: int) -> None:

@@ -145,13 +145,60 @@ def load_counter() -> None:
             torch.einsum("ij,jk->ik", mixed, weight).sum().backward()
 
 
+def corners(groups: tuple[dict[str, int], ...]) -> list[tuple[dict[str, int], int]]:
+    """The pass counts to count a step at, each with its weight, so that the weighted sum of the
+    counts is the count at the loops' own counts. `groups`: loops by name and passes, in groups whose
+    passes cost the same whatever another group's count (one after another, as a trunk and a
+    sampler run), loops within a group nested or not. Every loop of more than 2 passes is counted at
+    1 and 2 (the others as they are): within a group each corner of those, weighted as linear
+    interpolation in each loop; the groups' gains over the all-1 count add. Exact for a count that
+    is a sum over the groups of one affine in each of its loops, as it is when every pass of a loop
+    costs the same: 1 + sum of (2^k - 1) counts for groups of k loops, each of at most 2 passes."""
+    base: dict[str, int] = {name: 1 for group in groups for name, n in group.items() if n > 2}
+    weights: dict[tuple[tuple[str, int], ...], int] = {tuple(sorted(base.items())): 1}
+    for group in groups:
+        points: list[tuple[dict[str, int], int]] = [(base, 1)]
+        for name, n in group.items():
+            if n > 2:
+                points = [
+                    ({**p, name: x}, w * (2 - n if x == 1 else n - 1)) for p, w in points for x in (1, 2)
+                ]
+        for passes, weight in points:
+            key = tuple(sorted(passes.items()))
+            weights[key] = weights.get(key, 0) + weight - (passes == base)
+    return [(dict(key), w) for key, w in weights.items() if w]
+
+
+def _extrapolated(workload: Workload, shape: Shape, ctx: RankContext, train: bool, seed: int) -> StepFlops:
+    """The step's count from its cut forms (`flop_loops`, `flop_form`), each with a model of its own."""
+    by_op: Counter[str] = Counter()
+    uncounted: set[str] = set()
+    for passes, weight in corners(workload.flop_loops(train)):
+        form = workload.flop_form(passes)
+        counted = _count(form, form.build_model(ctx), shape, ctx, train, seed)
+        by_op.update({op: weight * flops for op, flops in counted.by_op.items()})
+        uncounted |= set(counted.uncounted)
+    return StepFlops(sum(by_op.values()), {op: f for op, f in by_op.items() if f}, tuple(sorted(uncounted)))
+
+
 def count_step(workload: Workload, model: torch.nn.Module, shape: Shape, ctx: RankContext, train: bool,
                seed: int) -> StepFlops:  # fmt: skip
     """This rank's FLOPs of one step at `shape`: build_batch and run_step (and in native training the
     backward the driver runs) with the run's model. Every loop of the step runs whole (recycling,
     sampling steps, chunks), so each counts in proportion to its passes with nothing multiplied. A
-    training trace leaves fake gradients (and, under foldcp, optimizer state) behind: the caller
-    builds the model again before a real step."""
+    workload that declares which loops repeat identical passes (`flop_loops`, `flop_form`: a
+    Pairformer's blocks, a fold model's trunk passes and sampling steps) is counted at 1 and 2
+    passes of each, with every chunk loop one chunk, and extrapolated (`corners`): a fold step of 200
+    sampling steps at N=2048 walks thousands of passes otherwise (docs/measurement.md). A training
+    trace leaves fake gradients (and, under foldcp, optimizer state) behind: the caller builds the
+    model again before a real step."""
+    if callable(getattr(workload, "flop_form", None)):
+        return _extrapolated(workload, shape, ctx, train, seed)
+    return _count(workload, model, shape, ctx, train, seed)
+
+
+def _count(workload: Workload, model: torch.nn.Module, shape: Shape, ctx: RankContext, train: bool,
+           seed: int) -> StepFlops:  # fmt: skip
     contract = Contract(getattr(workload, "contract", Contract.native))
     with FlopCount() as count:
         seed_all(seed)

@@ -10,6 +10,10 @@ Over budget, only what a benchmark may trim is cut, in this order: repeats down 
 `budget.min_repeats`, sweep points (never the largest N, never the N of a point kept), the probe's
 granularity (doubled up to its start N). The job's shape (model, N, precision, CP size) is never
 changed: a plan that cannot fit without it is refused.
+
+The budget depends on the device (`budget_minutes`): `budget.minutes` on CPU, `budget.cuda_minutes`
+(default none) on CUDA, where the job is GPU-sized and the N^2 extrapolation from one small step would
+refuse or trim it.
 """
 
 from __future__ import annotations
@@ -63,6 +67,15 @@ class Verdict:
         probe = f" + probe ~{self.probe_steps} step(s)" if p.probe else ""
         budget = "no budget" if budget_minutes is None else f"budget {budget_minutes:g} min"
         return f"plan: {points}{probe} = ~{duration(self.seconds)}, {budget}"
+
+
+def budget_minutes(minutes: float | None, cuda_minutes: float | None, device_type: str) -> float | None:
+    """The run's time budget on its ranks' device: `cuda_minutes` on CUDA, `minutes` elsewhere (None:
+    no budget). Two keys, not one: the CPU default (8 min) is sized for the CPU preset's steps, while
+    on a GPU a step of AF3-size work at the probe's N costs minutes, and scaled by N^2 from the first
+    point's step it comes out far off (docs/budget.md), so a default there would refuse or trim the
+    very job the GPU is for."""
+    return cuda_minutes if device_type == "cuda" else minutes
 
 
 def duration(seconds: float) -> str:

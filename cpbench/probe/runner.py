@@ -36,17 +36,20 @@ def run_probe(
     shape_at: Callable[[int], Shape],
     step_at: Callable[[Shape], PointResult],
     predicted_at: Callable[[int], float | None] = lambda n: None,
+    warm_at: Callable[[Shape], PointResult | None] = lambda shape: None,
 ) -> tuple[Trial | None, Trial | None]:
     """Try N after N until the search is done; `state` (rank 0 only) persists each. Every rank
     computes the same proposals from the same (agreed) outcomes; `search` is asked again before each
-    step (a calibrated estimate moves its proposal)."""
+    step (a calibrated estimate moves its proposal). `warm_at` runs the warm-up steps before a step,
+    outside its seconds; what it returns (warming up did not fit) is the step's outcome."""
     started, steps = time.perf_counter(), 0
     while (proposal := next_trial(search(), trials)) is not None:
         shape = shape_at(proposal.n)
         if state is not None:
             state.start(proposal.n)
+        warm = warm_at(shape)
         t0 = time.perf_counter()
-        result = step_at(shape)
+        result = warm if warm is not None else step_at(shape)
         trial = Trial(
             n=proposal.n,
             fits=result.status == "ok",

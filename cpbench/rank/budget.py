@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 
 from cpbench.core import Shape
 from cpbench.measure.point import PointSettings
-from cpbench.plan.budget import Plan, Step, Verdict, duration, estimate, fit_budget
+from cpbench.plan.budget import Plan, Step, Verdict, budget_minutes, duration, estimate, fit_budget
 from cpbench.plan.changes import budget_rows
 from cpbench.probe.predict import Prediction
 from cpbench.rank.points import Measurer
@@ -55,7 +55,8 @@ def fit_plan(
     search = search_for(s, probe, prediction) if probe.enabled else None
     first = todo[0] if todo else (probe_shape(s, search.start) if search else None)
     as_set = Trimmed(todo, settings, probe, False, None)
-    if budget.minutes is None or first is None:
+    minutes = _minutes(s)
+    if minutes is None or first is None:
         return as_set
     began = _first_planned_at(s) if restart else None
     s.heartbeat.now(f"budget: timing one step at N={first.n_tokens}")
@@ -70,7 +71,6 @@ def fit_plan(
         return as_set
     clock = Clock(planned_at if began is None else began, max(0.0, took - 2 * result.walltime_ms / 1e3))
     restart = 0 if began is None else restart  # no first plan recorded: this one is the first
-    minutes = budget.minutes
     if restart:  # the budget left, in tenths of a minute as the plan line says it
         minutes = max(0.0, round(minutes - (planned_at - clock.planned_at) / 60, 1))
     step = Step(first.n_tokens, result.walltime_ms / 1e3, result.peak_mem_gib, _baseline(s), clock.overhead_s)
@@ -89,6 +89,16 @@ def fit_plan(
     # Shapes compare by value: every rank reaches the same answer from rank 0's broadcast verdict.
     warmed = bool(points) and points[0] == first
     return Trimmed(points, replace(settings, repeats=trimmed.repeats), probe, warmed, clock)
+
+
+def _minutes(session: RankSession) -> float | None:
+    """This run's budget on its device (`budget_minutes`); on CUDA with none, one line says so."""
+    budget = session.settings.budget
+    minutes = budget_minutes(budget.minutes, budget.cuda_minutes, session.ctx.device.type)
+    if session.lead and minutes is None and budget.minutes is not None:
+        LOG.info("budget: none on CUDA (budget.cuda_minutes=null; budget.minutes=%g is the CPU budget)",
+                 budget.minutes)  # fmt: skip
+    return minutes
 
 
 def _first_planned_at(session: RankSession) -> float | None:
@@ -138,7 +148,7 @@ def fit_probe(measurer: Measurer, plan: Trimmed, prediction: Prediction | None) 
         return plan.probe
     ps = plan.point_settings
     shape, result = largest
-    left = s.settings.budget.minutes * 60 - (time.time() - plan.clock.planned_at)
+    left = _minutes(s) * 60 - (time.time() - plan.clock.planned_at)
     step = Step(
         shape.n_tokens, result.walltime_ms / 1e3, result.peak_mem_gib, _baseline(s), plan.clock.overhead_s
     )

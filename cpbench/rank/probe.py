@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+from dataclasses import replace
 
 import pandas as pd
 
@@ -65,6 +66,17 @@ def run_probe_phase(
         s.heartbeat.now(f"probe step {next(steps)}: N={shape.n_tokens}")
         return measurer.step(shape, one_step)
 
+    def warm_at(shape: Shape) -> PointResult | None:
+        """probe.warmup steps at this N as a measurement of their own, so that the probe step after
+        them starts from a reset peak (and in training from the seed's weights again); their outcome
+        when they did not fit, else None."""
+        if not probe.warmup:
+            return None
+        s.heartbeat.now(f"probe: {probe.warmup} warm-up step(s) at N={shape.n_tokens}")
+        last = probe.warmup - 1  # the measurement's one repeat is the last warm-up step
+        warm = measurer.step(shape, replace(one_step, warmup=last, warmup_max=last))
+        return warm if warm.status != "ok" else None
+
     def shape_at(n: int) -> Shape:
         return probe_shape(s, n)
 
@@ -72,7 +84,7 @@ def run_probe_phase(
         return predicted_gib(estimate, n, s)
 
     while True:
-        best, fail = run_probe(search, state, trials, shape_at, step_at, predicted_at)
+        best, fail = run_probe(search, state, trials, shape_at, step_at, predicted_at, warm_at)
         shape = shape_at(best.n if best else fail.n)
         if not (best and probe.measure_at_max):
             break

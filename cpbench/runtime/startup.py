@@ -16,12 +16,21 @@ from contextlib import contextmanager
 
 @contextmanager
 def loaded() -> Iterator[None]:
-    """Around a process's imports: no collection while they run, and what they made frozen after."""
+    """Around a process's imports: no collection while they run, and what they made frozen after.
+
+    Their garbage is collected first, never frozen: frozen, it lives as long as the process. An import
+    run inside a caller's frames (a rank loading the FLOP counter) makes such garbage: torch.fx's `wrap`
+    leaves a frame that refers to itself, and a frame keeps its callers' frames and their locals. Frozen,
+    it kept a rank's process groups past `destroy_process_group()`, and their gloo threads ran into
+    interpreter exit, where one that released a work's tensors aborted the process ("terminate called
+    without an active exception", tests/test_teardown.py). Only the youngest generation is walked: all
+    that was made with collection off is there."""
     enabled = gc.isenabled()
     gc.disable()
     try:
         yield
     finally:
+        gc.collect(0)
         gc.freeze()
         if enabled:
             gc.enable()

@@ -75,6 +75,9 @@ class ProbeConfig:
     # the N it predicts fits the budget: one step there, one just above it, bisection only if it was off.
     predict: bool = False
     predict_only: bool = False  # the estimate alone (python -m cpbench.predict): no real step runs
+    # Steps run at each N before its measured probe step, untimed, the peak reset after them: what a
+    # compiled model pays once (compilation, autotuning) is not the step's time or memory.
+    warmup: int = 0
 
 
 @dataclass
@@ -107,7 +110,10 @@ class BudgetConfig:
     """The time budget of a run (docs/budget.md): over it, only repeats, sweep points and the probe's
     granularity are trimmed; a plan that cannot fit without changing the job runs nothing."""
 
-    minutes: float | None = 8.0  # null: no budget, the plan runs as set
+    minutes: float | None = 8.0  # on CPU; null: no budget, the plan runs as set
+    # On CUDA devices instead of `minutes`: null (no budget), since a GPU-sized job is not refused or
+    # trimmed by a default sized for the CPU preset (docs/budget.md).
+    cuda_minutes: float | None = None
     min_repeats: int = 3  # the floor repeats are never trimmed below
 
 

@@ -68,6 +68,7 @@ def validate(settings: BenchConfig) -> Topology:
     _positive("measure.peak_tflops", settings.measure.peak_tflops, allow_null=True)
     b = settings.budget
     _positive("budget.minutes", b.minutes, allow_null=True)
+    _positive("budget.cuda_minutes", b.cuda_minutes, allow_null=True)
     if b.min_repeats < 1:
         raise ConfigError(f"budget.min_repeats={b.min_repeats}: must be >= 1")
     for key in ("warmup_max", "repeats_max"):
@@ -86,6 +87,8 @@ def validate(settings: BenchConfig) -> Topology:
     _positive("probe.max_tokens", p.max_tokens, allow_null=True)
     if p.factor <= 1:
         raise ConfigError(f"probe.factor={p.factor}: must be > 1")
+    if p.warmup < 0:
+        raise ConfigError(f"probe.warmup={p.warmup}: must be >= 0")
     if p.predict and not p.enabled:
         raise ConfigError(
             "probe.predict=true: it leads the probe; set probe.enabled=true, "

@@ -143,6 +143,28 @@ class FoldWorkload(PairformerWorkload):
         form.fold = form._fold_config(form.cfg)
         return form
 
+    def flop_loops(self, train: bool) -> tuple[dict[str, int], ...]:
+        """The input embedder's atom blocks; the trunk's passes and the MSA and Pairformer blocks in
+        each; the diffusion module's token and atom blocks, and in inference the sampling steps
+        around them (a training step takes one denoising step). Each pass of one costs the same
+        FLOPs: training's trunk passes but the last run without autograd, and the MSA module's last
+        block leaves out the MSA updates, each once whatever the count, which keeps it affine."""
+        trunk = {"n_cycles": self.loop["n_cycles"], "msa_blocks": self.msa_knobs["n_blocks"],
+                 **super().flop_loops(train)[0]}  # fmt: skip
+        sampler = {"token_blocks": self.sizes.token_blocks, "atom_blocks": self.sizes.atom_blocks}
+        if not train:
+            sampler["sampling_steps"] = self.loop["sampling_steps"]
+        return {"input_atom_blocks": self.loop["input_atom_blocks"]}, trunk, sampler
+
+    def flop_form(self, passes: dict[str, int]) -> FoldWorkload:
+        form = copy.copy(super().flop_form(passes))
+        form.loop = {**self.loop, **{k: v for k, v in passes.items() if k in self.loop}}
+        form.msa_knobs = {**self.msa_knobs, "n_blocks": passes.get("msa_blocks", self.msa_knobs["n_blocks"])}
+        blocks = {k: passes[k] for k in ("token_blocks", "atom_blocks") if k in passes}
+        form.sizes = replace(self.sizes, **blocks)
+        form.fold = form._fold_config(form.cfg)
+        return form
+
     def _fold_config(self, pf: PairformerConfig) -> FoldConfig:
         msa = MSAConfig(
             **self.msa_knobs, c_z=pf.c_z, c_s_inputs=pf.c_s + TOKEN_FEATURES,

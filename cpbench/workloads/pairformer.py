@@ -30,6 +30,8 @@ from cpbench.workloads.base import RealSetting
 AF3_PAIRFORMER = dict(c_s=384, c_z=128, n_blocks=48, tri_mul_hidden=128, tri_heads=4, tri_head_width=32,
                       single_heads=16)  # fmt: skip
 SIZES_WHY = "a CPU-sized model: at AF3's sizes the compute per byte moved differs, and the bottleneck moves"
+# Rows per chunk that make every chunk loop one chunk of all its rows (chunking.row_slices).
+ONE_CHUNK = 2**62
 
 
 class InputEmbedder(nn.Module):
@@ -112,6 +114,23 @@ class PairformerWorkload:
         form = copy.copy(self)
         form.knobs = {**self.knobs, "n_blocks": 1}
         form.cfg = replace(self.cfg, n_blocks=form.knobs["n_blocks"])
+        return form
+
+    def flop_loops(self, train: bool) -> tuple[dict[str, int], ...]:
+        """The loops of a step whose every pass costs the same FLOPs, with their pass counts, in
+        groups whose cost does not depend on another group's counts (measure/flops.py `corners`
+        counts them at 1 and 2 passes)."""
+        return ({"n_blocks": self.knobs["n_blocks"]},)
+
+    def flop_form(self, passes: dict[str, int]) -> PairformerWorkload:
+        """This workload with the `flop_loops` named in `passes` cut to those counts, and every chunk loop
+        one chunk: a chunk's FLOPs are linear in its rows (its products are over rows), so one chunk
+        of all rows counts what the chunks sum to, in one pass instead of N/chunk."""
+        form = copy.copy(self)
+        chunks = None if self.knobs["chunk_size"] is None else ONE_CHUNK
+        cut = {k: v for k, v in passes.items() if k in self.knobs}
+        form.knobs = {**self.knobs, **cut, "chunk_size": chunks}
+        form.cfg = replace(self.cfg, n_blocks=form.knobs["n_blocks"], chunk_size=chunks)
         return form
 
     def _config(self, ctx: RankContext) -> PairformerConfig:
