@@ -46,6 +46,22 @@ status=0 runs=()
 
 say() { echo "$*" | tee -a "$summary"; }
 
+trials() {  # trials NAME [oom]: a probe's steps, measured peak beside predicted; `oom`: one must be oom
+    "$py" - "$work/$1/probe.csv" "$1" "${2:-}" <<'PY' | tee -a "$summary" || status=1
+import sys
+
+import pandas as pd
+
+path, name, want_oom = sys.argv[1:]
+trials = pd.read_csv(path)
+print(f"{name}: the probe's steps (peaks in GiB per rank)")
+columns = ["N_tokens", "fits", "status", "max_peak_gib", "predicted_peak_gib", "error"]
+print(trials[[c for c in columns if c in trials.columns]].to_string(index=False))
+if want_oom and not (trials["status"] == "oom").any():
+    sys.exit(f"{name}: no step recorded as oom")
+PY
+}
+
 step() {  # step NAME SECONDS ARGS...: one `python -m cpbench` run, bounded; its folder is $work/NAME
     local name=$1 seconds=$2 start=$SECONDS rc
     shift 2
@@ -83,22 +99,12 @@ step a_forked 60 -m "${model[@]}" "${fixed[@]}" topology.cp=1 baseline=false "sw
 step b_probe 120 "${model[@]}" "${fixed[@]}" topology.cp=1 baseline=false 'sweep.n_tokens=[]' \
     probe.enabled=true probe.predict=true probe.granularity=64 probe.measure_at_max=false \
     "memory.budget_gib=$budget"
-if [ -f "$work/b_probe/probe.csv" ]; then
-    "$py" - "$work/b_probe/probe.csv" <<'PY' | tee -a "$summary"
-import sys
-
-import pandas as pd
-
-trials = pd.read_csv(sys.argv[1])
-print("b_probe: each step's measured peak beside the predicted one (GiB per rank):")
-print(trials[["N_tokens", "fits", "status", "max_peak_gib", "predicted_peak_gib"]].to_string(index=False))
-PY
-fi
+trials b_probe
 # c. a real out-of-memory error under a small cap
 step c_oom 60 "${model[@]}" "${fixed[@]}" topology.cp=1 baseline=false 'sweep.n_tokens=[]' \
     probe.enabled=true "probe.start=$start" probe.granularity=64 probe.measure_at_max=false \
     "memory.budget_gib=$small"
-grep -m 2 -i "out of memory" "$log" | sed 's/^/c_oom: /' | tee -a "$summary"
+trials c_oom oom
 # d. walltime points, MFU against the datasheet peak
 step d_points 90 "${model[@]}" "${fixed[@]}" topology.cp=1 baseline=false "sweep.n_tokens=$points" \
     probe.enabled=false
@@ -112,6 +118,7 @@ if [ "$gpus" -ge 2 ]; then
     step g_lone_oom 90 "${model[@]}" "${fixed[@]}" topology.cp=2 baseline=false \
         "sweep.n_tokens=$train_n" probe.enabled=true "probe.start=$start" probe.granularity=64 \
         probe.measure_at_max=false fault.rank=1 "fault.at_n=$oom_at" fault.kind=oom
+    trials g_lone_oom oom
 fi
 if [ "$gpus" -ge 4 ]; then
     step h_grid_2x2 60 "${model[@]}" "${fixed[@]}" topology.kind=2d topology.cp=4 baseline=false \
