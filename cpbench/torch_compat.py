@@ -9,8 +9,18 @@ as NGC containers ship it) and the private torch names it needs.
   the output argument back and a completed work handle, made with the private
   `torch._C._distributed_c10d._create_work_from_future` (present across the range; torch's own
   `FakeWork` appears only in later versions).
+- Counting GPUs without initialising CUDA (a launching process forks its ranks): private
+  `torch.cuda._device_count_nvml`, the NVML count `torch.cuda.device_count()` tries first; where torch
+  lacks it, -1, "NVML cannot count", and the caller asks CUDA in a process of its own.
 - `torch.AcceleratorError` (torch 2.8 up) carries "CUDA error: out of memory"; before it that error is a
   plain RuntimeError, which the message still identifies.
+
+Private names used elsewhere, the same across the range (the floor lane imports and runs them at 2.6,
+the main lane at 2.13), so they need no bridge: fake tensors (`torch._subclasses.fake_tensor`), dispatch
+modes (`torch.utils._python_dispatch`, `torch.utils._pytree`), the fake process group's store
+(`torch.testing._internal.distributed.fake_pg.FakeStore`), `torch.nn.utils.stateless._reparametrize_module`
+(the memory estimate's fake weights) and `torch.distributed.tensor._sharding_prop.ShardingPropagator` (kept
+out of the FLOP count). A version that moves one of them fails the floor lane or the main one by name.
 """
 
 from __future__ import annotations
@@ -46,3 +56,9 @@ class SkipCollectives(TorchDispatchMode):
             return func(*args, **(kwargs or {}))
         returns = [_completed_work() if "Work" in str(r.type) else args[0] for r in func._schema.returns]
         return returns[0] if len(returns) == 1 else tuple(returns) if returns else None
+
+
+def nvml_gpu_count() -> int:
+    """The GPUs NVML sees, CUDA_VISIBLE_DEVICES honoured; -1 where it cannot count them."""
+    count = getattr(torch.cuda, "_device_count_nvml", None)
+    return count() if count is not None else -1

@@ -16,6 +16,7 @@ import torch.distributed as dist
 
 from cpbench.core import ConfigError, RankContext, Topology
 from cpbench.runtime.mesh import build_mesh
+from cpbench.torch_compat import nvml_gpu_count
 
 
 def visible_gpus() -> int:
@@ -27,7 +28,7 @@ def visible_gpus() -> int:
     if not torch.backends.cuda.is_built():
         return 0
     if not torch.version.hip:
-        counted = torch.cuda._device_count_nvml()
+        counted = nvml_gpu_count()
         if counted >= 0:
             return counted
         if ctypes.util.find_library("cuda") is None:  # no CUDA driver: nothing here can see a GPU
