@@ -12,6 +12,12 @@ as NGC containers ship it) and the private torch names it needs.
 - Counting GPUs without initialising CUDA (a launching process forks its ranks): private
   `torch.cuda._device_count_nvml`, the NVML count `torch.cuda.device_count()` tries first; where torch
   lacks it, -1, "NVML cannot count", and the caller asks CUDA in a process of its own.
+- Freeing a process group: before torch 2.8 (pytorch#154976) a `ProcessGroup` is freed holding the GIL,
+  and freeing its gloo backend waits for the backend's worker threads, one of which may be releasing a
+  finished collective's tensors, which takes the GIL: the rank hangs for good. `hold_gloo_backends`
+  keeps each gloo backend alive past its group, and frees it later through the backend's own binding,
+  which lets the GIL go first. Private: `torch.distributed.distributed_c10d._world.pg_map` (every group
+  of the process) and `ProcessGroup._get_backend`; without them nothing is held.
 - `torch.AcceleratorError` (torch 2.8 up) carries "CUDA error: out of memory"; before it that error is a
   plain RuntimeError, which the message still identifies.
 
@@ -24,6 +30,8 @@ out of the FLOP count). A version that moves one of them fails the floor lane or
 """
 
 from __future__ import annotations
+
+import atexit
 
 import torch
 import torch.distributed as dist
@@ -62,3 +70,29 @@ def nvml_gpu_count() -> int:
     """The GPUs NVML sees, CUDA_VISIBLE_DEVICES honoured; -1 where it cannot count them."""
     count = getattr(torch.cuda, "_device_count_nvml", None)
     return count() if count is not None else -1
+
+
+_HELD_BACKENDS: list = []
+
+
+def hold_gloo_backends() -> None:
+    """Before `destroy_process_group()`: every gloo backend of this process's groups stays referenced
+    here, so that whichever frame drops a group last frees no backend; they are freed at the next call
+    or at exit, while the interpreter is whole (a rank the forkserver started skips both: `os._exit`).
+    Seen at torch 2.6 in 3 of 13 cp=2 convergence runs (none in 30 with it): rank 1 froze on leaving
+    `run_rank` (tests/test_teardown.py)."""
+    release_held_backends()
+    pg_map = getattr(getattr(dist.distributed_c10d, "_world", None), "pg_map", {})
+    for group in list(pg_map):
+        try:
+            _HELD_BACKENDS.append(group._get_backend(torch.device("cpu")))
+        except (AttributeError, RuntimeError, ValueError):  # no CPU backend (NCCL alone), or no such API
+            continue
+
+
+def release_held_backends() -> None:
+    """Free the held backends; each one's binding lets the GIL go while its workers finish."""
+    _HELD_BACKENDS.clear()
+
+
+atexit.register(release_held_backends)

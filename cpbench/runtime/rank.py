@@ -16,7 +16,7 @@ import torch.distributed as dist
 
 from cpbench.core import ConfigError, RankContext, Topology
 from cpbench.runtime.mesh import build_mesh
-from cpbench.torch_compat import nvml_gpu_count
+from cpbench.torch_compat import hold_gloo_backends, nvml_gpu_count
 
 
 def visible_gpus() -> int:
@@ -101,6 +101,7 @@ def rank_runtime(
     try:
         yield joined_context(topology, device, dtype, seed)
     finally:
+        hold_gloo_backends()  # the groups outlive this block in the caller's frames (torch_compat)
         dist.destroy_process_group()
 
 
