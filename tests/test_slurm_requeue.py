@@ -129,3 +129,23 @@ def test_a_job_preempted_mid_point_and_mid_probe_measures_both_again(slurm_clust
     planned = json.loads((out / "run.json").read_text())["time_budget"]
     assert planned["line"].startswith("plan: 1 point(s)") and planned["took_s"] is not None
     assert [line.split(",")[0] for line in planned["restarts"]] == ["restart 1", "restart 2"]
+
+
+def test_a_rank_out_of_memory_alone_requeues_its_job_which_goes_on(slurm_cluster, tmp_path):
+    """tests/test_probe.py's lone out-of-memory error (rank 1 at N=256, between two collectives) on
+    SLURM: the rank records 256 as oom and requeues the job, whose ranks restart within it and finish
+    the probe, with no crash restart allowed (`launch.max_restarts=0`); before, the job failed there."""
+    out = tmp_path / "out"
+    command = [*ON_SLURM, *FAULT, "fault.where=step", "sweep.n_tokens=[]", "launch.max_restarts=0",
+               f"output_dir={out}"]  # fmt: skip
+    proc = ok(cpbench(*command, cwd=tmp_path, env=slurm_cluster.env, timeout=300))
+    job_id = _job_id(out)
+    job = slurm_cluster.ended(job_id)
+    assert (job["JobState"], job["Restarts"]) == ("COMPLETED", "1"), job  # one requeue, for the finding
+    row, trials = check_consistent(out)  # every N tried once
+    assert (row["N_tokens"], row["oom_at"]) == (192, 256)
+    assert trials.set_index("N_tokens").loc[256, "status"] == "oom"
+    said = "N=256 does not fit: out of memory alone, peers did not agree within"
+    assert said in (out / "logs" / "rank1.log").read_text()
+    assert "recorded as oom, the ranks restart to go on" in (out / "logs" / "rank1.log").read_text()
+    assert f"cpbench: job {job_id} RUNNING, restart 1" in proc.stderr

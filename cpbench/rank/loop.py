@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from datetime import timedelta
 
@@ -35,8 +36,12 @@ from cpbench.settings.schema import Mode, Workflow
 from cpbench.workloads.base import Workload
 
 
-def run_rank(spec: RunSpec, workload: Workload | None = None) -> None:
-    """One rank. `workload` is the one the launching process already built, when it is this rank."""
+def run_rank(
+    spec: RunSpec, workload: Workload | None = None, relaunch: Callable[[], None] | None = None
+) -> None:
+    """One rank. `workload` is the one the launching process already built, when it is this rank.
+    `relaunch` starts the ranks again after this one ran out of memory alone, where no launching
+    process does (a SLURM job requeues itself); it runs once that N is recorded as oom."""
     settings = spec.settings
     dtype = getattr(torch, settings.dtype.value)
     torch.set_float32_matmul_precision(settings.matmul_precision)  # set every run: a process may run many
@@ -66,6 +71,9 @@ def run_rank(spec: RunSpec, workload: Workload | None = None) -> None:
             if isinstance(err, (OutOfMemoryAlone, DoesNotFit)) and ctx.world_size > 1:
                 # Its peers are stuck in a collective it will never join, and tearing down the process
                 # group would wait for them: leave at once, and the launcher ends them too.
+                if relaunch is not None and isinstance(err, OutOfMemoryAlone):
+                    LOG.warning("%s; recorded as oom, the ranks restart to go on", err)
+                    relaunch()
                 logging.shutdown()
                 os._exit(1)
             raise

@@ -1,6 +1,10 @@
 """One cpbench run as one SLURM job through submitit: the executor, and what every task runs (one rank
 that takes its torch.distributed environment from the job).
 
+A rank that runs out of memory alone (its peers wait in a collective it never joins) records its N as
+oom and requeues the job (`requeue_job`), which resumes past it: the ranks restart within the job, as
+the local launcher relaunches them.
+
 The job is checkpointable: on timeout submitit calls `checkpoint`, which marks the point being measured
 as interrupted (not broken) and requeues the same callable; SIGTERM (a preemption, scancel) marks it so
 too. The requeued ranks skip every point already in results.csv, so nothing measured is lost or measured
@@ -17,6 +21,7 @@ import functools
 import logging
 import os
 import signal
+import subprocess
 import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -130,6 +135,20 @@ def rendezvous_failures(env: TorchDistributedEnvironment, timeout_s: float) -> I
         raise RendezvousFailed(message) from err
 
 
+def requeue_job() -> None:
+    """The job runs again from its start, as a preemption makes it (`scontrol requeue`: SIGTERM to
+    every task, then SLURM_RESTART_COUNT + 1): what a rank that ran out of memory alone asks for, its N
+    recorded as oom. Each such requeue is a finding, bounded by the probe's steps like the local
+    launcher's restarts for it; neither `launch.max_restarts` nor `slurm.max_requeues` (timeouts)
+    counts it."""
+    job_id = submitit.JobEnvironment().job_id
+    done = subprocess.run(
+        ["scontrol", "requeue", job_id], capture_output=True, text=True, timeout=60, check=False
+    )
+    if done.returncode:  # the job then fails with the rank's own error, which names the N
+        logging.getLogger(__name__).error("scontrol requeue %s: %s", job_id, done.stderr.strip())
+
+
 def restart_count() -> int:
     """How many times SLURM started this job before (a requeue after a preemption or a timeout)."""
     return int(os.environ.get("SLURM_RESTART_COUNT", "0"))
@@ -147,7 +166,7 @@ class SlurmRanks(Checkpointable):
         # After submitit's own handlers, which let SIGTERM pass (it waits for USR2 to checkpoint).
         signal.signal(signal.SIGTERM, functools.partial(_end_interrupted, spec.output_dir, env.rank))
         with job_end_escapes(), rendezvous_failures(env, spec.settings.dist.timeout_s):
-            run_rank(replace(spec, restart=restart_count()))
+            run_rank(replace(spec, restart=restart_count()), relaunch=requeue_job)
 
     def checkpoint(self, spec: RunSpec) -> DelayedSubmission:
         """Called on task 0 when the job is timed out or preempted, just before it is requeued."""
