@@ -81,6 +81,7 @@ def test_merged_rows_and_runs(sweep):
     assert len(frame) == 3 + 3 + 3 + 1 + 1
     assert list(frame["run"].unique()) == ["0_cp1", "1_cp2", "2_cp4", "3_cp2", "5_cp4"]
     assert list(frame.columns[:3]) == ["workload", "workflow", "topology"] and frame.columns[-1] == "run"
+    assert list(frame.columns[17:19]) == ["preset", "sizes_hash"]  # after the contract's columns
     assert [run.name for run in merged.failed] == ["4_cp8", "5_cp4"]
     assert merged.report == sweep / "cp_benchmark.md"
     merge([sweep])  # merging again reads the job folders, never the merge itself
@@ -90,8 +91,9 @@ def test_merged_rows_and_runs(sweep):
 def test_merged_report_compares_only_like_for_like(sweep):
     merge([sweep])
     text = (sweep / "cp_benchmark.md").read_text()
-    float32, bfloat16 = text.split("## axial_mix, inference, float32")[1].split(
-        "## axial_mix, inference, bfloat16"
+    # Rows written without the label columns take the preset from the workload, the device from run.json.
+    float32, bfloat16 = text.split("## axial_mix, inference, float32, uncapped on x86_64")[1].split(
+        "## axial_mix, inference, bfloat16, uncapped on x86_64"
     )
     # The CP curve of the float32 runs: max N vs cp, against cp=1 and the sqrt(cp) ideal ...
     assert "| 1d | 1 | 1x1 | 1000 | 1.00x | 1.00x | N=1064 does not fit |" in float32

@@ -17,7 +17,7 @@ from typing import Any
 
 import pandas as pd
 from hydra import compose
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from cpbench.core import ConfigError
 from cpbench.experiment.plan import (
@@ -135,10 +135,14 @@ class PlanRun:
         folder = self.root.experiment_run(name).root
         overrides = [*self.plan.baseline, *self.cli, *applied, f"output_dir={folder}"]
         try:
-            return compose(config_name="config", overrides=overrides)
+            cfg = compose(config_name="config", overrides=overrides, return_hydra_config=True)
         except Exception as err:  # Hydra's own errors: an unknown key, a bad value, a missing group option
             detail = " ".join(str(err).split())
             raise ConfigError(f"{name}: {' '.join(applied) or 'baseline'}: {detail}") from None
+        with open_dict(cfg):  # this run's preset: the app's Hydra choice is the command line's
+            cfg.workload_preset = cfg.workload_preset or cfg.hydra.runtime.choices.get("workload") or ""
+            del cfg["hydra"]
+        return cfg
 
     def check_all(self) -> None:
         """Every experiment composed and checked on the baseline before anything runs."""

@@ -23,6 +23,8 @@ import torch
 import torch.distributed as dist
 
 from cpbench.core import RankContext, Shape
+from cpbench.core.phases import COLUMNS as PHASE_COLUMNS
+from cpbench.core.phases import slowest_median_ms
 from cpbench.distributed.comm import LEDGER
 from cpbench.measure.budget import Budget
 from cpbench.measure.checksum import local_share
@@ -49,6 +51,7 @@ class PointResult:
 
     status: str  # ok | oom
     peak_mem_gib: float  # max over ranks
+    peak_mem_min_gib: float | None = None  # min over ranks: with the max, how evenly the grid shares memory
     peak_reserved_gib: float | None = None  # GPU: max over ranks (measure/memory.py `read_peaks`)
     device_used_gib: float | None = None  # GPU: NVML's used memory of the device, max over ranks
     walltime_ms: float | None = None  # median over repeats of the slowest rank
@@ -56,6 +59,9 @@ class PointResult:
     forward_ms: float | None = None
     backward_ms: float | None = None
     optimizer_ms: float | None = None
+    # One pass of a phase the model marks (core/phases.py), as walltime_ms: blank where none is marked.
+    trunk_ms: float | None = None  # one trunk pass (recycling iteration)
+    sampling_step_ms: float | None = None  # one sampling step (training: the one denoising step)
     comm_ms: float | None = None  # median over repeats of the largest per-rank time in collectives
     comm_mib_per_step: float | None = None  # max over ranks of MiB sent per step
     model_tflop: float | None = None  # the step's counted FLOPs over all ranks (measure/flops.py)
@@ -232,16 +238,16 @@ def measure_point(
     release(ctx.device)
     # A figure a rank does not have (CPU, NVML unreadable) is -1 in the reduction, and blank after it.
     gpu = [-1.0 if v is None else v for v in (peaks.reserved_gib, peaks.device_used_gib)]
-    peak, *gpu = _reduce([peak_local, *gpu], control, dist.ReduceOp.MAX)
+    # One all-reduce: the max of -peak is minus the min over ranks.
+    peak, negated_min, *gpu = _reduce([peak_local, -peak_local, *gpu], control, dist.ReduceOp.MAX)
     reserved, used = (None if v < 0 else v for v in gpu)
+    memory = dict(peak_mem_min_gib=-negated_min, peak_reserved_gib=reserved, device_used_gib=used)
     if not fits:
         messages = [None] * dist.get_world_size(control)
         dist.all_gather_object(messages, failure, group=control)
         first = next((f"rank {r}: {m}" for r, m in enumerate(messages) if m), "")
-        return PointResult(status="oom", peak_mem_gib=peak, peak_reserved_gib=reserved, device_used_gib=used,
-                           error=first)  # fmt: skip
-    result = replace(_summarise(timed, peak, control, loss=runner.returns_loss), peak_reserved_gib=reserved,
-                     device_used_gib=used)  # fmt: skip
+        return PointResult(status="oom", peak_mem_gib=peak, **memory, error=first)
+    result = replace(_summarise(timed, peak, control, loss=runner.returns_loss), **memory)
     if settings.profile_comm:
         seconds = _reduce([timed.profiled_s], control, dist.ReduceOp.MAX)[0]
         return replace(result, comm_ms=seconds * 1e3, comm_mib_per_step=None, comm_ops=[])
@@ -302,6 +308,8 @@ class RankSteps:
     first_step_s: float
     warmup_steps: int
     grad_norm: float | None
+    # Per timed repeat, seconds of one pass of each phase the model marks (core/phases.py).
+    phases: list[dict[str, float]] = field(default_factory=list)
 
 
 def _slowest_ms(seconds: float, control: dist.ProcessGroup) -> float:
@@ -353,7 +361,7 @@ def _run_repeats(runner: StepRunner, batches: _Batches, control, settings: Point
     most = max(settings.repeats, settings.repeats_max)
     adaptive = most > settings.repeats
     LEDGER.reset()
-    timings, agreed, out, batch = [], [], None, None
+    timings, named, agreed, out, batch = [], [], [], None, None
     profiler = torch.profiler.profile() if settings.profile_comm else contextlib.nullcontext()
     with profiler:
         while len(timings) < most:
@@ -367,6 +375,7 @@ def _run_repeats(runner: StepRunner, batches: _Batches, control, settings: Point
             comm = LEDGER.total_seconds - comm_before
             first.see(out, runner)
             timings.append(RepeatTiming(p.total, p.forward, p.backward, p.optimizer, comm))
+            named.append(p.named)
             if adaptive:
                 agreed.append(_slowest_ms(p.total, control))
             if len(timings) >= settings.repeats and (
@@ -376,6 +385,7 @@ def _run_repeats(runner: StepRunner, batches: _Batches, control, settings: Point
     profiled = _comm_seconds(profiler.events()) if settings.profile_comm else 0.0
     return RankSteps(
         timings=timings,
+        phases=named,
         share=first.share,
         bytes_per_step=LEDGER.total_bytes / len(timings),
         ops=LEDGER.table(),
@@ -395,10 +405,12 @@ def _summarise(steps: RankSteps, peak: float, control, loss: bool = False) -> Po
     checksum = math.fsum(counted) if counted else None
     repeats = len(steps.timings)
     per_rank = [s.timings for s in gathered]
+    phase_ms = slowest_median_ms([s.phases for s in gathered])
     return PointResult(
         status="ok",
         peak_mem_gib=peak,
         **asdict(PointTimes.across_ranks(per_rank)),
+        **{column: phase_ms.get(name) for name, column in PHASE_COLUMNS.items()},
         comm_mib_per_step=comm_mib_per_step([s.bytes_per_step for s in gathered]),
         checksum=checksum,
         loss=checksum if loss else None,

@@ -5,13 +5,13 @@ from __future__ import annotations
 import itertools
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from cpbench.core import RankContext
+from cpbench.core import RankContext, phases
 from cpbench.distributed.comm import all_reduce_sum, op_label
 from cpbench.distributed.dtensor import is_dtensor
 from cpbench.workloads.base import Contract, Workload
@@ -26,6 +26,8 @@ class Phases:
     backward: float = 0.0
     optimizer: float = 0.0
     total: float | None = None  # forward + backward + optimizer unless given
+    # Seconds of one pass of each phase the model marks inside the step (core/phases.py).
+    named: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.total is None:
@@ -116,11 +118,13 @@ class StepRunner:
         synchronize(self.device)  # the previous step's work is not this one's
         clock = StepClock(self.device)
         clock.mark()
-        with torch.set_grad_enabled(self.train):  # inference keeps no autograd graph, as in a real run
+        # inference keeps no autograd graph, as in a real run
+        with phases.timing(self.device) as timer, torch.set_grad_enabled(self.train):
             out = self.workload.run_step(self.model, batch, self.train)
         clock.mark()
         if not self.train:
-            return out, Phases(*clock.seconds())
+            seconds = clock.seconds()  # on a GPU, waits for the step: the phases' events are done
+            return out, Phases(*seconds, named=timer.per_pass())
         if out is not None and out.requires_grad:
             out.backward()
         clock.mark()
@@ -131,17 +135,19 @@ class StepRunner:
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
         clock.mark()
-        return out, Phases(*clock.seconds())
+        seconds = clock.seconds()
+        return out, Phases(*seconds, named=timer.per_pass())
 
     def _whole_step(self, batch: Any) -> tuple[Any, Phases]:
         synchronize(self.device)
         start = time.perf_counter()
-        out = self.workload.run_step(self.model, batch, self.train)
+        with phases.timing(self.device) as timer:
+            out = self.workload.run_step(self.model, batch, self.train)
         synchronize(self.device)
-        seconds = time.perf_counter() - start
+        seconds, named = time.perf_counter() - start, timer.per_pass()
         if self.train:
-            return out, Phases(forward=math.nan, backward=math.nan, optimizer=math.nan, total=seconds)
-        return out, Phases(forward=seconds)
+            return out, Phases(math.nan, math.nan, math.nan, total=seconds, named=named)
+        return out, Phases(forward=seconds, named=named)
 
     @torch.no_grad()
     def _grad_norm(self) -> float:

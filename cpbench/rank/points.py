@@ -12,7 +12,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from cpbench.checks import accuracy
 from cpbench.core import Shape
 from cpbench.inputs import input_columns
-from cpbench.measure.budget import cap_lifted
+from cpbench.measure.budget import budget_gib, cap_lifted
 from cpbench.measure.flops import Counted, count_over_ranks, with_efficiency
 from cpbench.measure.memory import release
 from cpbench.measure.point import OutOfMemoryAlone, PointResult, PointSettings, measure_point
@@ -20,6 +20,7 @@ from cpbench.measure.step import StepRunner
 from cpbench.probe.in_flight import WorkInFlight
 from cpbench.probe.predict import Prediction
 from cpbench.rank.session import RankSession
+from cpbench.record.metadata import device_model, workload_labels
 from cpbench.record.mllog import POINT
 from cpbench.results.folder import RunFolder
 from cpbench.results.row import ResultRow
@@ -46,6 +47,7 @@ class Measurer:
         self.done: set[str] = set()  # the row keys of this configuration measured, by any run
         self.largest: tuple[Shape, PointResult] | None = None  # the largest point measured, ok
         self.counted: dict[Shape, Counted] = {}  # model FLOPs by shape (measure.count_flops)
+        self.labels = row_labels(session)  # the same in every row of the run
 
     def _build_runner(self) -> StepRunner:
         s = self.session
@@ -110,7 +112,7 @@ class Measurer:
             config_hash=s.config_hash, extra=dict(columns(s.train)) if callable(columns) else {},
             budget_gib=budget.gib if budget else None, baseline_gib=budget.baseline_gib if budget else None,
             predicted_peak_gib=predicted_gib(prediction, shape.n_tokens, s),
-            **input_columns(settings.data.path, settings.seed),
+            **input_columns(settings.data.path, settings.seed), **self.labels,
         )  # fmt: skip
 
     def measure(
@@ -168,6 +170,18 @@ def measure_points(
         for i, shape in enumerate(todo):
             measurer.measure(shape, settings, prediction, warmed=i == 0 and warmed)
             bar.advance(task)
+
+
+def row_labels(session: RankSession) -> dict[str, str]:
+    """What tells this run's rows from another experiment's in a merge: the workload's preset and a
+    hash of its settings, the device model and the memory cap as set (budget_gib, on a GPU left to
+    the device, is what the card had free, which differs from run to run)."""
+    settings, device = session.settings, session.ctx.device
+    preset, sizes_hash = workload_labels(settings, session.workload_name)
+    cap = budget_gib(settings.memory, device.type)
+    budget = f"{cap:g} GiB" if cap is not None else "device memory" if device.type == "cuda" else "none"
+    labels = {"preset": preset, "sizes_hash": sizes_hash, "memory_budget": budget}
+    return {**labels, "device": device_model(device)}
 
 
 def predicted_gib(prediction: Prediction | None, n_tokens: int, session: RankSession) -> float | None:

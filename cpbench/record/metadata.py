@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
+import json
 import os
 import platform
 import re
@@ -12,11 +14,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from omegaconf import OmegaConf
 
 import cpbench
 from cpbench.core import Topology
 from cpbench.record import nvml
 from cpbench.record.run_record import RunMetadata
+from cpbench.settings.schema import BenchConfig
 
 
 def project_commit() -> str:
@@ -74,10 +78,21 @@ def smt(active_file: Path = Path("/sys/devices/system/cpu/smt/active"), cpuinfo:
     return "on" if int(siblings.group(1)) > int(cores.group(1)) else "off"
 
 
-def _device_model(device: torch.device) -> str:
+def device_model(device: torch.device) -> str:
+    """The model of the device a rank runs on: the GPU's name, or the CPU's."""
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
     return cpu_model()
+
+
+def workload_labels(settings: BenchConfig, name: str) -> tuple[str, str]:
+    """The workload's preset and the first 8 hex digits of a sha256 of its resolved settings (sorted
+    keys), which tell two presets, or one preset with other sizes, apart. The preset is the setting
+    `workload_preset` (the Hydra choice, `workload=fold_small`), else the workload's `name` (a config
+    composed outside Hydra's app)."""
+    container = OmegaConf.to_container(OmegaConf.create(settings.workload), resolve=True)
+    digest = hashlib.sha256(json.dumps(container, sort_keys=True, default=str).encode()).hexdigest()
+    return settings.workload_preset or name, digest[:8]
 
 
 def sharing(local_world: int, gpus_seen: int | None, cores: int) -> dict[str, Any]:
@@ -114,7 +129,7 @@ def collect(
     found = {
         "date": now(),
         "host": socket.gethostname(),
-        "device": _device_model(device),
+        "device": device_model(device),
         "cpu_cores": os.cpu_count(),
         "smt": smt(),
         "backend": backend,

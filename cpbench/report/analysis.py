@@ -5,31 +5,98 @@ noisy points and the estimate's error. The sentences that say them are in sectio
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
+from cpbench.results.row import BASELINE
+
+if TYPE_CHECKING:
+    from cpbench.record.run_record import RunMetadata
+
 # Rows differing in any of these are different experiments: each gets its own tables, plots, readout.
-LIKE_FOR_LIKE = ["workload", "workflow", "dtype"]
+# The workload's preset and a hash of its settings, the device model and the memory cap as set
+# (cpbench/results/row.py); rows written before a column existed group by the others.
+LIKE_FOR_LIKE = ["workload", "preset", "sizes_hash", "workflow", "dtype", "device", "memory_budget"]
 # Above this share of walltime in collectives, a run is communication-bound.
 BOUND_SHARE = 0.5
 # A point whose IQR over repeats exceeds this share of its median walltime is noisy.
 NOISY_IQR = 0.10
 
 
-def like_for_like(frame: pd.DataFrame) -> list[tuple[tuple[Any, ...], pd.DataFrame]]:
-    """The groups of rows that may be compared, each keyed by (workload, workflow, dtype), and by the
-    input file where rows have one (two complexes of one size are different experiments)."""
+def like_for_like(frame: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
+    """The groups of rows that may be compared, each with its label (`group_label`): one workload
+    preset with one set of sizes, workflow, dtype, device model and memory cap, and one input file
+    where rows have one (two complexes of one size are different experiments)."""
     if frame.empty:
         return []
     keys = [c for c in LIKE_FOR_LIKE if c in frame.columns]
     if "input" in frame.columns and frame["input"].replace("", None).notna().any():
         keys.append("input")
-    return [(key, group) for key, group in frame.groupby(keys, sort=False, dropna=False)]
+    return [(group_label(group), group) for _, group in frame.groupby(keys, sort=False, dropna=False)]
 
 
-def group_label(key: tuple[Any, ...]) -> str:
-    return ", ".join(str(k) for k in key)
+def _first(group: pd.DataFrame, column: str) -> str:
+    """The group's value of a label column as text; blank where the rows have none."""
+    if column not in group.columns or pd.isna(value := group[column].iloc[0]):
+        return ""
+    return str(value)
+
+
+def experiment_label(group: pd.DataFrame) -> str:
+    """What a group measured, e.g. `fold_small [sizes a90614e6], inference, float32, cap 0.5 GiB/rank`:
+    the model's own name follows a preset that does not start with it (`adapter (my.module)`)."""
+    preset, workload, sizes = (_first(group, c) for c in ("preset", "workload", "sizes_hash"))
+    name = preset or workload
+    name += f" ({workload})" if preset and workload and not preset.startswith(workload) else ""
+    name += f" [sizes {sizes}]" if sizes else ""
+    cap = _first(group, "memory_budget")
+    cap = {"": "", "none": "uncapped", "device memory": "cap: device memory"}.get(cap, f"cap {cap}/rank")
+    parts = [name, _first(group, "workflow"), _first(group, "dtype"), cap]
+    parts += [f"input {_first(group, 'input')}"] if _first(group, "input") else []
+    return ", ".join(part for part in parts if part)
+
+
+def group_label(group: pd.DataFrame) -> str:
+    """A group's heading: what it measured and on which device."""
+    device = _first(group, "device")
+    return experiment_label(group) + (f" on {device}" if device else "")
+
+
+def hardware_label(group: pd.DataFrame) -> str:
+    """What a group ran on: the device model and the ranks (cp) its rows span, e.g. `NVIDIA H100 80GB
+    HBM3, 1-8 ranks`."""
+    cps = sorted(int(cp) for cp in group["cp"].dropna().unique())
+    ranks = "" if not cps else f"{cps[0]} rank(s)" if len(cps) == 1 else f"{cps[0]}-{cps[-1]} ranks"
+    return ", ".join(part for part in (_first(group, "device") or "device not recorded", ranks) if part)
+
+
+def oversubscribed_rows(frame: pd.DataFrame) -> pd.Series:
+    """Rows of runs whose ranks outnumbered their devices or cores (the `oversubscribed` column a
+    report adds from run.json: `yes (4 ranks on 2 CPU core(s))`)."""
+    if "oversubscribed" not in frame.columns:
+        return pd.Series(False, index=frame.index)
+    return frame["oversubscribed"].fillna("").astype(str).str.startswith("yes")
+
+
+def labelled(frame: pd.DataFrame, meta: RunMetadata) -> pd.DataFrame:
+    """A run's rows with what a merge groups and marks them by: the label columns a folder written
+    before them lacks (the preset: the workload's name; the device: run.json's; the cap: budget_gib),
+    and whether the run was oversubscribed (run.json's `oversubscribed`; the cp=1 baseline's rows beside
+    it ran alone)."""
+    if frame.empty:
+        return frame
+    budget = frame.get("budget_gib", pd.Series(math.nan, index=frame.index))
+    fallback = {
+        "preset": frame["workload"],
+        "device": pd.Series(meta.device, index=frame.index, dtype=object),
+        "memory_budget": budget.map(lambda gib: "none" if pd.isna(gib) else f"{gib:g} GiB"),
+    }
+    filled = {c: frame[c].fillna(value) if c in frame else value for c, value in fallback.items()}
+    crowded = pd.Series(meta.oversubscribed or "", index=frame.index)
+    if "source" in frame:
+        crowded = crowded.where(frame["source"] != BASELINE, "")
+    return frame.assign(**filled, oversubscribed=crowded)
 
 
 def ok_points(frame: pd.DataFrame) -> pd.DataFrame:
@@ -40,8 +107,9 @@ def ok_points(frame: pd.DataFrame) -> pd.DataFrame:
 
 def max_fit(frame: pd.DataFrame) -> pd.DataFrame:
     """Largest N_tokens that fits per (topology, cp), against cp=1 and against the ideal for memory
-    growing as N^2 (N growing as sqrt(cp)). The cp=1 baseline is the same whatever the topology."""
-    columns = ["topology", "cp", "grid", "max_n", "vs_cp1", "ideal", "note"]
+    growing as N^2 (N growing as sqrt(cp)), with the first N that did not fit (`oom_at`) and whether
+    its run was oversubscribed. The cp=1 baseline is the same whatever the topology."""
+    columns = ["topology", "cp", "grid", "max_n", "vs_cp1", "ideal", "note", "oom_at", "oversubscribed"]
     fits = frame[(frame["kind"] == "max-fit") & (frame["status"] == "ok")]
     if fits.empty:
         return pd.DataFrame(columns=columns)
@@ -56,6 +124,8 @@ def max_fit(frame: pd.DataFrame) -> pd.DataFrame:
             "vs_cp1": (best["N_tokens"] / base).to_numpy() if pd.notna(base) else math.nan,
             "ideal": [math.sqrt(cp) for cp in best["cp"]],
             "note": [_fit_note(r) for r in best.itertuples()],
+            "oom_at": best["oom_at"].astype(float).to_numpy() if "oom_at" in best else math.nan,
+            "oversubscribed": oversubscribed_rows(best).to_numpy(),
         }
     ).sort_values(["cp", "topology"], ignore_index=True)
 

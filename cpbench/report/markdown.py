@@ -1,6 +1,6 @@
 """cp_benchmark.md, as its sections in order: one run's report (written by the driver) and a sweep's
 merged report. Each section renders itself (`cpbench.report.sections`); rows that measure different
-things (workload, workflow, dtype) are never put side by side."""
+things (another preset or sizes, workflow, dtype, device or memory cap) are never put side by side."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from collections.abc import Sequence
 import pandas as pd
 
 from cpbench.record.run_record import RunRecord
-from cpbench.report.analysis import group_label, like_for_like
+from cpbench.report.analysis import like_for_like
 from cpbench.report.sections import (
     capacity,
     efficiency,
@@ -25,7 +25,7 @@ from cpbench.report.sections import (
     walltime,
     what_changed,
 )
-from cpbench.report.sections.readout import readout
+from cpbench.report.sections.readout import oversubscribed_runs, readout
 from cpbench.results.folder import RunFolder
 
 
@@ -74,8 +74,8 @@ def render_sweep(
         *runs.lines(outcomes),
         *plot_links.lines(plots),
     ]
-    for key, group in like_for_like(frame):
-        lines += ["", f"## {group_label(key)}", "", "### Readout", "", readout(group)]
+    for label, group in like_for_like(frame):
+        lines += ["", f"## {label}", "", "### Readout", "", readout(group) + oversubscribed_runs(group)]
         lines += efficiency.lines(group, {o.name: o.metadata for o in outcomes})
         lines += capacity.lines(group) + walltime.lines(group)
     lines += run_metadata.runs_table([o.name for o in outcomes], metas)

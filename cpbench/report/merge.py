@@ -16,6 +16,7 @@ from omegaconf import OmegaConf
 import cpbench
 from cpbench.record import run_record
 from cpbench.record.run_record import RunRecord
+from cpbench.report.analysis import labelled
 from cpbench.report.markdown import render_sweep
 from cpbench.report.plots import convergence_png, write_plots
 from cpbench.report.sections.runs import RunOutcome
@@ -137,7 +138,7 @@ def load(name: str, path: Path) -> Run:
     return Run(
         name=name,
         path=path,
-        frame=frame,
+        frame=labelled(frame, record.metadata),
         record=record,
         failure=folder.read_failure(),
         in_flight=folder.in_flight.row(),

@@ -1,5 +1,6 @@
 """The CP curve as PNGs beside the report: max N vs cp against the ideal for memory growing as N^2
-(N growing as sqrt(cp)), walltime vs N per cp and MFU vs N per cp. One panel per like-for-like group."""
+(N growing as sqrt(cp)), walltime vs N per cp and MFU vs N per cp. One panel per like-for-like group,
+titled with its hardware."""
 
 from __future__ import annotations
 
@@ -10,7 +11,14 @@ from typing import TYPE_CHECKING
 
 import pandas as pd
 
-from cpbench.report.analysis import group_label, like_for_like, max_fit, ok_points
+from cpbench.report.analysis import (
+    experiment_label,
+    hardware_label,
+    like_for_like,
+    max_fit,
+    ok_points,
+    oversubscribed_rows,
+)
 from cpbench.results.folder import RunFolder
 
 if TYPE_CHECKING:
@@ -27,12 +35,21 @@ def _panels(count: int) -> tuple[Figure, list[Axes]]:
     return fig, list(fig.subplots(1, count, squeeze=False)[0])
 
 
-def _label(ax: Axes, xlabel: str, ylabel: str, key: tuple) -> None:
+def _label(ax: Axes, xlabel: str, ylabel: str, group: pd.DataFrame) -> None:
+    """Axes, legend and the title: what the group measured, then its hardware (device model, ranks),
+    marked where a run of it was oversubscribed (its markers hollow)."""
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
-    ax.set_title(group_label(key))
+    crowded = " (oversubscribed: hollow markers)" if oversubscribed_rows(group).any() else ""
+    ax.set_title(f"{experiment_label(group)}\n{hardware_label(group)}{crowded}", fontsize=9)
     ax.grid(alpha=0.3, which="both")
-    ax.legend()
+    ax.legend(fontsize=8)
+
+
+def _hollow(ax: Axes, xs: pd.Series, ys: pd.Series, color: str) -> None:
+    """Hollow markers over the points of an oversubscribed run: their walltimes are not meaningful."""
+    if len(xs):
+        ax.plot(xs, ys, "o", markerfacecolor="white", markeredgecolor=color, zorder=3)
 
 
 def _log2_axis(ax: Axes, values: list[int], axis: str = "x") -> None:
@@ -44,21 +61,32 @@ def _log2_axis(ax: Axes, values: list[int], axis: str = "x") -> None:
 
 
 def plot_max_n(frame: pd.DataFrame, path: Path) -> Path | None:
-    """Max N_tokens that fits vs cp per topology, with the ideal N(cp=1) * sqrt(cp); None without
+    """Max N_tokens that fits vs cp per topology, with the ideal N(cp=1) * sqrt(cp) and a bar from each
+    fits-at N up to the first N that did not fit (`oom_at`): the edge lies in between. None without
     max-fit rows."""
-    groups = [(key, max_fit(group)) for key, group in like_for_like(frame)]
-    groups = [(key, fits) for key, fits in groups if not fits.empty]
+    groups = [(group, max_fit(group)) for _, group in like_for_like(frame)]
+    groups = [(group, fits) for group, fits in groups if not fits.empty]
     if not groups:
         return None
     fig, axes = _panels(len(groups))
-    for ax, (key, fits) in zip(axes, groups, strict=True):
+    for ax, (group, fits) in zip(axes, groups, strict=True):
         base = fits.loc[fits["cp"] == 1, "max_n"].max()
         for topology, series in fits.groupby("topology"):
             series = series.sort_values("cp")
             cps, max_n = list(series["cp"]), list(series["max_n"])
             if pd.notna(base) and cps[0] != 1:  # cp=1 is every topology's start (one rank shards nothing)
                 cps, max_n = [1, *cps], [base, *max_n]
-            ax.plot(cps, max_n, marker="o", label=f"{topology}: measured")
+            (line,) = ax.plot(cps, max_n, marker="o", label=f"{topology}: fits")
+            color = line.get_color()
+            crowded = series[series["oversubscribed"]]
+            _hollow(ax, crowded["cp"], crowded["max_n"], color)
+            edge = series[series["oom_at"].notna()]
+            if not edge.empty:
+                above = edge["oom_at"] - edge["max_n"]
+                ax.errorbar(
+                    edge["cp"], edge["max_n"], yerr=[0 * above, above], fmt="none", ecolor=color, capsize=4,
+                    alpha=0.6, label=f"{topology}: up to the first N that fails",
+                )  # fmt: skip
         cps = sorted(set(fits["cp"]))
         if pd.notna(base):
             xs = [2 ** (i / 8) for i in range(int(8 * math.log2(max(cps))) + 1)]
@@ -67,7 +95,7 @@ def plot_max_n(frame: pd.DataFrame, path: Path) -> Path | None:
             )
         _log2_axis(ax, cps)
         _log2_axis(ax, list(fits["max_n"]), "y")
-        _label(ax, "cp (ranks)", "max N_tokens that fits", key)
+        _label(ax, "cp (ranks)", "max N_tokens that fits", group)
     fig.savefig(path, dpi=110)
     return path
 
@@ -75,12 +103,12 @@ def plot_max_n(frame: pd.DataFrame, path: Path) -> Path | None:
 def plot_walltime(frame: pd.DataFrame, path: Path) -> Path | None:
     """Walltime vs N_tokens, one line per (topology, cp) (and MSA depth where it varies), with the IQR
     as error bars; None when no point finished."""
-    groups = [(key, ok_points(group)) for key, group in like_for_like(frame)]
-    groups = [(key, ok) for key, ok in groups if not ok.empty]
+    groups = [(group, ok_points(group)) for _, group in like_for_like(frame)]
+    groups = [(group, ok) for group, ok in groups if not ok.empty]
     if not groups:
         return None
     fig, axes = _panels(len(groups))
-    for ax, (key, ok) in zip(axes, groups, strict=True):
+    for ax, (group, ok) in zip(axes, groups, strict=True):
         series_keys = ["topology", "cp", "grid"] + (["MSA_depth"] if ok["MSA_depth"].nunique() > 1 else [])
         grids = ok.groupby(["topology", "cp"])["grid"].nunique().max() > 1
         for values, series in ok.groupby(series_keys, sort=True):
@@ -92,12 +120,13 @@ def plot_walltime(frame: pd.DataFrame, path: Path) -> Path | None:
                 by_n["walltime_ms"],
                 yerr=by_n["walltime_iqr_ms"].fillna(0) / 2,
                 marker="o",
+                markerfacecolor="white" if oversubscribed_rows(series).any() else None,
                 capsize=3,
                 label=label,
             )
         _log2_axis(ax, list(ok["N_tokens"]))
         ax.set_yscale("log")
-        _label(ax, "N_tokens", "walltime ms (median, slowest rank)", key)
+        _label(ax, "N_tokens", "walltime ms (median, slowest rank)", group)
     fig.savefig(path, dpi=110)
     return path
 
@@ -105,18 +134,19 @@ def plot_walltime(frame: pd.DataFrame, path: Path) -> Path | None:
 def plot_mfu(frame: pd.DataFrame, path: Path) -> Path | None:
     """MFU vs N_tokens, one line per (topology, cp); None when no point has an MFU (no count, or the
     device's peak unknown)."""
-    groups = [(key, ok_points(group)) for key, group in like_for_like(frame)]
-    groups = [(key, ok[ok["mfu"].notna()]) for key, ok in groups if "mfu" in ok.columns]
-    groups = [(key, ok) for key, ok in groups if not ok.empty]
+    groups = [(group, ok_points(group)) for _, group in like_for_like(frame)]
+    groups = [(group, ok[ok["mfu"].notna()]) for group, ok in groups if "mfu" in ok.columns]
+    groups = [(group, ok) for group, ok in groups if not ok.empty]
     if not groups:
         return None
     fig, axes = _panels(len(groups))
-    for ax, (key, ok) in zip(axes, groups, strict=True):
+    for ax, (group, ok) in zip(axes, groups, strict=True):
         for (topology, cp), series in ok.groupby(["topology", "cp"], sort=True):
             by_n = series.groupby("N_tokens")["mfu"].median().sort_index()
-            ax.plot(by_n.index, 100 * by_n, marker="o", label=f"{topology} cp={cp}")
+            hollow = "white" if oversubscribed_rows(series).any() else None
+            ax.plot(by_n.index, 100 * by_n, marker="o", markerfacecolor=hollow, label=f"{topology} cp={cp}")
         _log2_axis(ax, list(ok["N_tokens"]))
-        _label(ax, "N_tokens", "MFU % (achieved / peak per rank)", key)
+        _label(ax, "N_tokens", "MFU % (achieved / peak per rank)", group)
     fig.savefig(path, dpi=110)
     return path
 

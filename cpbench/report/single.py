@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from cpbench.record import run_record
+from cpbench.report.analysis import labelled
 from cpbench.report.markdown import render
 from cpbench.report.plots import drawn_plots, write_plots
 from cpbench.results.folder import RunFolder
@@ -18,7 +19,8 @@ def write_report(output_dir: Path, plots: bool = True, redraw: bool = True) -> P
     Without `redraw`, the plots already beside the report are linked as they are: for a caller that
     changed run.json but no row since the run drew them (drawing costs a second of CPU)."""
     folder = RunFolder(output_dir)
-    frame, record = folder.read_results(), run_record.read(folder)
+    record = run_record.read(folder)
+    frame = labelled(folder.read_results(), record.metadata)
     current, config = frame, record.metadata.config_hash
     if config and "config_hash" in frame.columns:
         current = frame[frame["config_hash"] == config]

@@ -30,6 +30,12 @@ class ResultRow:
     comm_ms: float | None = None
     checksum: float | None = None
     kind: str  # point | max-fit
+    # The workload's preset (the config-group choice, `workload=fold_small`; the `workload_preset`
+    # setting overrides it) and a hash of its resolved settings, first after the contract's columns:
+    # rows of two presets, or of one preset with other sizes, are different experiments
+    # (cpbench/record/metadata.py `workload_labels`).
+    preset: str = ""
+    sizes_hash: str = ""
     # data.path: the input's name, its chain count and its MSA's rows (MSA_depth: those run, data.msa_depth)
     input: str = ""
     chains: int | None = None
@@ -38,6 +44,10 @@ class ResultRow:
     forward_ms: float | None = None
     backward_ms: float | None = None
     optimizer_ms: float | None = None
+    # One pass of a phase the model marks inside the step (core/phases.py), slowest rank, median:
+    # one trunk pass and one sampling step (training: its denoising step); blank without phases.
+    trunk_ms: float | None = None
+    sampling_step_ms: float | None = None
     comm_mib_per_step: float | None = None
     # Model FLOPs of the step over all ranks (counted, docs/measurement.md), the achieved TFLOP/s of one
     # rank and its MFU (blank where the device's peak is unknown); ops outside aten, not counted.
@@ -47,6 +57,7 @@ class ResultRow:
     flops_uncounted: str = ""
     # probe.predict: the fake-tensor estimate of peak_mem_gib (the baseline included, as the measure)
     predicted_peak_gib: float | None = None
+    peak_mem_min_gib: float | None = None  # the least peak over ranks: beside the max, the grid's imbalance
     # GPU, beside peak_mem_gib (tensors): the caching allocator's peak of reserved segments, and NVML's
     # used memory of the device at the peak (every process on it: the CUDA context and NCCL's buffers
     # too); the largest over ranks, blank on CPU (measure/memory.py `read_peaks`).
@@ -69,6 +80,10 @@ class ResultRow:
     # The per-rank memory cap and what rank 0 held after start-up (CPU); a point fits when its peak
     # over that baseline stays within the cap.
     budget_gib: float | None = None
+    # The cap as set, before the device had its say: `0.5 GiB`, `device memory` (a GPU's budget_gib
+    # null: the card less what the rank holds, which differs run to run) or `none` (CPU, uncapped).
+    memory_budget: str = ""
+    device: str = ""  # the device model the ranks ran on (run.json's `device`)
     baseline_gib: float | None = None
     error: str = ""
     # "" for a row this run measured; "baseline" for a row of the cp=1 baseline copied in beside it

@@ -26,6 +26,7 @@ ROWS, BASELINE, CURVE = "config_hash", "baseline_key", "curve_key"
 # setting -> the identities it is part of (and why, where it is not obvious).
 PART_OF: dict[str, tuple[str, ...]] = {
     "workload": (ROWS, BASELINE, CURVE),
+    "workload_preset": (),  # a label: the workload's settings are its identity
     "workflow": (ROWS, BASELINE),
     "mode": (ROWS, BASELINE),
     "repeat_check": (BASELINE,),  # always 0 in the baseline's settings

@@ -208,6 +208,8 @@ class LogConfig:
 @dataclass
 class BenchConfig:
     workload: Any = MISSING
+    # The label of the workload's rows (`preset`): empty takes the config-group choice (workload=...).
+    workload_preset: str = ""
     workflow: Workflow = Workflow.inference
     mode: Mode = Mode.speed
     # >= 2: the configuration's points run this many times in all (this run, then the rest as short

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 
+from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from cpbench.core import ConfigError, Topology
@@ -16,8 +17,12 @@ MATMUL_PRECISIONS = ("highest", "high", "medium")  # torch.set_float32_matmul_pr
 
 
 def to_settings(cfg: DictConfig) -> BenchConfig:
-    """The run's settings as typed objects, made once; everything below reads these."""
-    return OmegaConf.to_object(cfg)
+    """The run's settings as typed objects, made once; everything below reads these. The workload's
+    preset is Hydra's choice for the group (`workload=fold_small`), which the ranks cannot look up."""
+    settings = OmegaConf.to_object(cfg)
+    if not settings.workload_preset and HydraConfig.initialized():
+        settings.workload_preset = HydraConfig.get().runtime.choices.get("workload") or ""
+    return settings
 
 
 def _positive(name: str, value, allow_null: bool = False) -> None:

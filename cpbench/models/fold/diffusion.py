@@ -18,6 +18,7 @@ import torch
 from torch import nn
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
+from cpbench.core.phases import SAMPLING_STEP, phase
 from cpbench.distributed.comm import op_label
 from cpbench.models.fold.atoms import AtomConditioning, AtomDecoder, AtomEncoder, AtomWindows
 from cpbench.models.fold.conditioned import TokenTransformer
@@ -190,13 +191,14 @@ class DiffusionModule(nn.Module):
         x = levels[0] * atoms.noise(0, device) * real
         atom_cond = self.atom_conditioning(trunk, layout, atoms)
         for step, (c_prev, c) in enumerate(zip(levels[:-1], levels[1:], strict=True), start=1):
-            gamma = GAMMA_0 if c > GAMMA_MIN else 0.0
-            t_hat = c_prev * (gamma + 1)
-            xi = NOISE_SCALE * math.sqrt(t_hat**2 - c_prev**2) * atoms.noise(step, device) * real
-            x_noisy = x + xi
-            x_denoised = self(x_noisy, t_hat, trunk, mask, layout, atoms, atom_cond)
-            delta = (x_noisy - x_denoised) / t_hat
-            x = (x_noisy + STEP_SCALE * (c - t_hat) * delta) * real
+            with phase(SAMPLING_STEP):
+                gamma = GAMMA_0 if c > GAMMA_MIN else 0.0
+                t_hat = c_prev * (gamma + 1)
+                xi = NOISE_SCALE * math.sqrt(t_hat**2 - c_prev**2) * atoms.noise(step, device) * real
+                x_noisy = x + xi
+                x_denoised = self(x_noisy, t_hat, trunk, mask, layout, atoms, atom_cond)
+                delta = (x_noisy - x_denoised) / t_hat
+                x = (x_noisy + STEP_SCALE * (c - t_hat) * delta) * real
         return x
 
     def denoising_loss(
@@ -213,9 +215,10 @@ class DiffusionModule(nn.Module):
             sigma = SIGMA_DATA * math.exp(-1.2 + 1.5 * torch.randn(1, generator=gen).item())
         real = atoms.atoms["atom_pad_mask"][:, None].float()
         x_true = atoms.atoms["ref_pos"] * real
-        x_noisy = x_true + sigma * atoms.noise(-1, real.device) * real
-        atom_cond = self.atom_conditioning(trunk, layout, atoms)
-        x_denoised = self(x_noisy, sigma, trunk, mask, layout, atoms, atom_cond)
+        atom_cond = self.atom_conditioning(trunk, layout, atoms)  # once per trunk, as in sampling
+        with phase(SAMPLING_STEP):  # the one denoising step's forward: the noising and the denoiser
+            x_noisy = x_true + sigma * atoms.noise(-1, real.device) * real
+            x_denoised = self(x_noisy, sigma, trunk, mask, layout, atoms, atom_cond)
         weight = (sigma**2 + SIGMA_DATA**2) / (sigma * SIGMA_DATA) ** 2
         squared = ((x_denoised.float() - x_true).square() * real).sum()
         return weight * squared / (3 * max(atoms.windows.total, 1))

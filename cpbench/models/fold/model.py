@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from cpbench.core.phases import TRUNK, phase
 from cpbench.distributed.comm import op_label
 from cpbench.models.embeddings import RelativePosition, token_features
 from cpbench.models.fold.atoms import AtomEncoder
@@ -54,7 +55,7 @@ class FoldModel(MixedPrecision, nn.Module):
         s, z = torch.zeros_like(s_init), torch.zeros_like(z_init)
         grad = torch.is_grad_enabled()
         for cycle in range(self.cfg.n_cycles):
-            with torch.set_grad_enabled(grad and cycle == self.cfg.n_cycles - 1):
+            with phase(TRUNK), torch.set_grad_enabled(grad and cycle == self.cfg.n_cycles - 1):
                 with op_label("input.recycling"):
                     z = self._recycle(z, z_init)
                     s = s_init + self.recycle_s(s)

@@ -10,11 +10,11 @@ from cpbench.report.analysis import (
     BOUND_SHARE,
     NOISY_IQR,
     comm_share,
-    group_label,
     like_for_like,
     max_fit,
     noisy,
     ok_points,
+    oversubscribed_rows,
     prediction_errors,
 )
 from cpbench.results.row import BASELINE
@@ -180,17 +180,27 @@ def readout(frame: pd.DataFrame) -> str:
         return "No point was measured."
     groups = like_for_like(frame)
     paragraphs = []
-    for key, group in groups:
+    for label, group in groups:
         text = " ".join(sentence for say in SENTENCES for sentence in say(group))
-        paragraphs.append(f"**{group_label(key)}**: {text}" if len(groups) > 1 else text)
+        paragraphs.append(f"**{label}**: {text}" if len(groups) > 1 else text)
     return "\n\n".join(paragraphs)
+
+
+NOT_MEANINGFUL = "walltimes and the share of time in collectives are not meaningful."
 
 
 def oversubscribed(meta: RunMetadata) -> str:
     """The sentence after the readout of a run whose ranks outnumbered its devices or cores."""
     if meta.is_oversubscribed:
-        return (
-            f" Oversubscribed {meta.oversubscribed.removeprefix('yes ')}: walltimes and the share of "
-            "time in collectives are not meaningful."
-        )
+        return f" Oversubscribed {meta.oversubscribed.removeprefix('yes ')}: {NOT_MEANINGFUL}"
     return ""
+
+
+def oversubscribed_runs(frame: pd.DataFrame) -> str:
+    """The sentence after a merged group's readout naming its oversubscribed runs (from the `run` and
+    `oversubscribed` columns a merge adds from each run's run.json)."""
+    rows = frame[oversubscribed_rows(frame)].drop_duplicates("run")
+    if rows.empty:
+        return ""
+    named = ", ".join(f"`{r.run}` {str(r.oversubscribed).removeprefix('yes ')}" for r in rows.itertuples())
+    return f" Oversubscribed: {named}: {NOT_MEANINGFUL}"

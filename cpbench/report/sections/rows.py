@@ -12,12 +12,13 @@ from cpbench.report.cells import fmt
 
 # Column -> header, in the table's order.
 HEADERS = {
-    "kind": "kind", "workload": "workload", "workflow": "workflow", "topology": "topology", "cp": "cp",
+    "kind": "kind", "workload": "workload", "preset": "preset", "workflow": "workflow",
+    "topology": "topology", "cp": "cp",
     "input": "input", "chains": "chains", "N_tokens": "N_tokens", "N_atoms": "N_atoms", "MSA_depth": "MSA",
     "dtype": "dtype", "status": "status",
     "walltime_ms": "walltime ms (median)", "walltime_iqr_ms": "IQR ms", "tokens_per_s": "tokens/s",
-    "comm_ms": "comm ms", "peak_mem_gib": "peak GiB (max rank)", "predicted_peak_gib": "predicted peak GiB",
-    "checksum": "checksum", "seed": "seed",
+    "comm_ms": "comm ms", "peak_mem_gib": "peak GiB (max rank)", "peak_mem_min_gib": "peak GiB (min rank)",
+    "predicted_peak_gib": "predicted peak GiB", "checksum": "checksum", "seed": "seed",
     "config_hash": "config",
 }  # fmt: skip
 
@@ -27,6 +28,8 @@ def table_lines(frame: pd.DataFrame, extra: Sequence[str] = ()) -> list[str]:
     for optional in ("predicted_peak_gib", "input", "chains"):  # a run without probe.predict, data.path
         if optional in cols and frame[optional].replace("", None).isna().all():
             cols.remove(optional)
+    if "preset" in cols and (frame["preset"].isna() | (frame["preset"] == frame["workload"])).all():
+        cols.remove("preset")  # it says nothing the workload's name does not
     lines = ["| " + " | ".join(HEADERS.get(c, c) for c in cols) + " |", "|" + "---|" * len(cols)]
     shown = frame.copy()
     if "oom_at" in shown.columns:  # a max-fit row names the first N that did not fit
