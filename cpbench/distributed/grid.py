@@ -8,6 +8,7 @@ local operation, so one code path serves one rank, 1d and 2d. Every transfer goe
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -105,25 +106,24 @@ def row_slice(x: torch.Tensor, start: int, stop: int, dim: int = 0) -> torch.Ten
     return x.narrow(dim, start, stop - start)
 
 
-def fetch_rows(x: torch.Tensor, rows: range, grid: Grid, n: int) -> list[tuple[range, torch.Tensor]]:
+def fetch_rows(x: torch.Tensor, rows: range, grid: Grid, n: int) -> Iterator[tuple[range, torch.Tensor]]:
     """Rows `rows` of my column block, X[rows, C_c], as (global row range, piece) pairs in row order.
 
     The pieces live on my column group (each rank holds R_r' x C_c); each owner broadcasts its part
-    over the group, so every rank of the group must ask for the same `rows` at the same time. The
-    pieces are not concatenated: a caller that consumes them one at a time never holds all of them.
+    over the group, so every rank of the group must ask for the same `rows` at the same time and take
+    every piece. A piece is fetched when it is asked for: a caller that consumes them one at a time
+    holds one, not all of them (in 1d, all of them would be the whole of X).
     """
-    pieces = []
     for owner in range(grid.rows):
         block = grid.row_block(owner, n)
         part = _overlap(block, rows)
         if not len(part):
             continue
         if grid.col_group is None:
-            pieces.append((part, row_slice(x, part.start - block.start, part.stop - block.start)))
+            yield part, row_slice(x, part.start - block.start, part.stop - block.start)
             continue
         mine = x[part.start - block.start : part.stop - block.start] if owner == grid.r else x[: len(part)]
-        pieces.append((part, broadcast(mine, grid.ranks[owner][grid.c], grid.col_group)))
-    return pieces
+        yield part, broadcast(mine, grid.ranks[owner][grid.c], grid.col_group)
 
 
 def ring_pass(x: torch.Tensor, grid: Grid) -> torch.Tensor:

@@ -1,6 +1,7 @@
-"""A per-rank memory cap that makes allocations really fail, set over what the rank holds after
-start-up: on a GPU the caching allocator's limit (the card, or a smaller one emulated on it), on CPU an
-RLIMIT_DATA."""
+"""A per-rank memory cap set over what the rank holds after start-up: on a GPU the caching
+allocator's limit (the card, or a smaller one emulated on it), which makes allocations really fail; on
+CPU the measured peak resident set, which is what a point's peak is measured in, with an RLIMIT_DATA
+(address space) above it as a backstop that ends a runaway step early."""
 
 from __future__ import annotations
 
@@ -19,6 +20,11 @@ from cpbench.runtime.logs import LOG
 from cpbench.settings.schema import MemoryConfig
 
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc mallopt parameters
+# CPU: address space allowed beyond the budget. A cap on address space is not one on resident memory
+# (reserved, untouched and freed-but-mapped pages count in one, not the other), and the two drift apart
+# with thread count and allocation pattern, that is with the CP size: the fit is judged on the measured
+# resident peak, and the backstop stays out of its way.
+BACKSTOP_FACTOR, BACKSTOP_GIB = 2.0, 0.25
 
 
 def _status_bytes(field: str) -> int:
@@ -83,16 +89,17 @@ def _cap_gpu(requested_gib: float | None, device: torch.device) -> Budget:
 
 
 def _cap_cpu(budget_gib: float, device: torch.device) -> float:
-    """Cap this rank's data segment at `budget_gib` over what it holds now and return its baseline
-    (GiB: the resident set so far, which the fits-check subtracts from the measured peak).
-    `lift_budget` takes the cap off again: it is for the measured steps, not what follows them."""
+    """Cap this rank's data segment at the backstop over what it holds now and return its baseline
+    (GiB: the resident set so far, which the fits-check subtracts from the measured peak, held to
+    `budget_gib`). `lift_budget` takes the cap off again: it is for the measured steps, not what
+    follows them."""
     # Large blocks from mmap go back to the OS when freed; glibc's dynamic threshold would otherwise
     # move them onto the heap, whose fragments count against the cap and make a point that fits
     # once fail when it is repeated.
     libc = ctypes.CDLL(None)
     libc.mallopt(_M_MMAP_THRESHOLD, 1 << 20)
     libc.mallopt(_M_TRIM_THRESHOLD, 1 << 20)
-    limit = _status_bytes("VmData") + int(budget_gib * GIB)
+    limit = _status_bytes("VmData") + int((BACKSTOP_FACTOR * budget_gib + BACKSTOP_GIB) * GIB)
     _, hard = resource.getrlimit(resource.RLIMIT_DATA)
     resource.setrlimit(resource.RLIMIT_DATA, (limit, hard))
     return read_peak_gib(device)

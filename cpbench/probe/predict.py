@@ -28,8 +28,10 @@ from torch.utils._pytree import tree_leaves
 from torch.utils.weak import WeakIdKeyDictionary
 
 from cpbench.core import RankContext, Shape, Topology
+from cpbench.distributed.comm import LEDGER
 from cpbench.measure.budget import budget_gib
 from cpbench.models.pairformer import chunking
+from cpbench.probe.owners import BACKWARD, OUTSIDE, WEIGHTS, ModuleStack
 from cpbench.probe.search import align_down, align_up
 from cpbench.runtime.compile_cache import import_dynamo
 from cpbench.runtime.rank import device_type, joined_context, pick_backend, visible_gpus
@@ -143,31 +145,43 @@ class LiveBytes(TorchDispatchMode):
     in-place results share it) until it is freed; with `gloo`, plus the staging buffer of a collective
     while it runs."""
 
-    def __init__(self, held: int = 0, gloo: bool = False):
+    def __init__(self, held: int = 0, gloo: bool = False, where: Callable[[], str] = lambda: OUTSIDE):
         super().__init__()
         self.gloo = gloo
         self.live = self.peak = held
         self._seen: WeakIdKeyDictionary = WeakIdKeyDictionary()
         self.failed_op: str | None = None  # the op that could not run on fake tensors
+        # Live bytes by who allocated them (`where`: the module running; owners.py), and at the peak.
+        self._where = where
+        self.live_by: dict[str, int] = {WEIGHTS: held} if held else {}
+        self.at_peak: dict[str, int] = dict(self.live_by)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
         staged = GLOO_STAGED.get(str(func)) if self.gloo else None
-        if staged is not None:
-            self.peak = max(self.peak, self.live + args[staged].nbytes)
+        if staged is not None and self.live + args[staged].nbytes > self.peak:
+            self.peak = self.live + args[staged].nbytes
+            self.at_peak = {**self.live_by, "(gloo staging buffer)": args[staged].nbytes}
         try:
             out = func(*args, **(kwargs or {}))
         except Exception:
             self.failed_op = self.failed_op or str(func)
             raise
+        owner = None
         for t in tree_leaves(out):
             if isinstance(t, torch.Tensor):
                 storage = t.untyped_storage()
                 if storage not in self._seen:
                     size = storage.nbytes()
-                    self._seen[storage] = weakref.ref(storage, functools.partial(self._free, size))
+                    owner = owner or (BACKWARD if torch._C._current_autograd_node() else self._where())
+                    self._seen[storage] = weakref.ref(storage, functools.partial(self._free, size, owner))
                     self.live += size
-        self.peak = max(self.peak, self.live)
+                    self.live_by[owner] = self.live_by.get(owner, 0) + size
+        self._note_peak()
         return out
+
+    def _note_peak(self) -> None:
+        if self.live > self.peak:
+            self.peak, self.at_peak = self.live, dict(self.live_by)
 
     def hold(self, tensors: Iterable[torch.Tensor]) -> None:
         """Count these tensors' storages as live from the start, once (a view of one is no new storage)."""
@@ -176,10 +190,12 @@ class LiveBytes(TorchDispatchMode):
             if storage not in self._seen:
                 self._seen[storage] = None
                 self.live += storage.nbytes()
-        self.peak = max(self.peak, self.live)
+                self.live_by[WEIGHTS] = self.live_by.get(WEIGHTS, 0) + storage.nbytes()
+        self._note_peak()
 
-    def _free(self, size: int, _ref: object) -> None:
+    def _free(self, size: int, owner: str, _ref: object) -> None:
         self.live -= size
+        self.live_by[owner] -= size
 
 
 @contextmanager
@@ -236,6 +252,18 @@ def trace_peak(workload: Workload, topology: Topology, shape: Shape, train: bool
     built for real (its weights are small beside the activations, and module moves do not take fake
     parameters); the batch and the step are traced on fake tensors, each chunk loop two chunks deep
     (`chunking.peak_only`). `form` (default: the workload's own) is what runs."""
+    return sum(_trace(workload, topology, shape, train, dtype, seed, rank, gloo, form).values())
+
+
+def peak_owners(workload: Workload, topology: Topology, shape: Shape, train: bool, dtype: torch.dtype,
+                seed: int, rank: int, gloo: bool = False) -> dict[str, int]:  # fmt: skip
+    """`trace_peak`'s bytes by who holds them at the peak: the module whose forward allocated them
+    (owners.py), the weights, the optimizer's state."""
+    return _trace(workload, topology, shape, train, dtype, seed, rank, gloo, None)
+
+
+def _trace(workload: Workload, topology: Topology, shape: Shape, train: bool, dtype: torch.dtype,
+           seed: int, rank: int, gloo: bool, form: TracedForm | None) -> dict[str, int]:  # fmt: skip
     form = form or TracedForm.of(workload, topology, train, dtype, seed)
     cut_bytes, cut_params, workload = form.cut_bytes, form.cut_params, form.workload
     with _fake_rank(topology, rank, dtype, seed) as ctx:
@@ -248,13 +276,17 @@ def trace_peak(workload: Workload, topology: Topology, shape: Shape, train: bool
         import_dynamo()  # what the fake mode imports, without the empty folder it leaves
         fake = FakeTensorMode(allow_non_fake_inputs=True)
         weights = _fake_weights(model, fake)
-        tracker = LiveBytes(cut_bytes, gloo)
+        stack = ModuleStack(model)
+        tracker = LiveBytes(
+            cut_bytes, gloo, lambda: LEDGER.label or stack.current
+        )  # the CP op, else the module
         tracker.hold(weights.values())
         try:
             with (
                 _reparametrize_module(model, weights, tie_weights=True),
                 fake,
                 SkipCollectives(),
+                stack.hooked(),
                 tracker,
                 chunking.peak_only(),
             ):
@@ -267,7 +299,7 @@ def trace_peak(workload: Workload, topology: Topology, shape: Shape, train: bool
         except Exception as err:  # any op fake tensors cannot run: name it
             op = tracker.failed_op or _op_of(err)
             raise CannotTrace(op, (str(err).strip() or "?").splitlines()[0]) from err
-        return tracker.peak + optim_bytes
+        return {**tracker.at_peak, "(optimizer state)": optim_bytes} if optim_bytes else tracker.at_peak
 
 
 def _fake_weights(model: torch.nn.Module, fake: FakeTensorMode) -> dict[str, torch.Tensor]:
@@ -374,20 +406,21 @@ def _crossing(estimates: list[Estimate], budget_gib: float, m: int, lo: int) -> 
 
 def for_run(settings: BenchConfig, workload: Workload, topology: Topology) -> Prediction:
     """The run's prediction; CannotTrace names the op when the workload cannot run on fake tensors."""
-    p = settings.probe
-    return predict(
-        workload,
-        topology,
-        lambda n: resolve_shape(settings.shape, n_tokens=n),
-        settings.workflow is Workflow.training,
-        getattr(torch, settings.dtype.value),
-        settings.seed,
-        budget_gib(settings.memory, device_type(pick_backend(settings.dist.backend))),
-        p.start,
-        p.factor,
-        p.max_tokens,
-        gloo=pick_backend(settings.dist.backend) == "gloo",
-    )
+    p, budget = settings.probe, budget_gib(settings.memory, device_type(pick_backend(settings.dist.backend)))
+    with chunking.sized_for(budget):  # the chunks the ranks run under this budget
+        return predict(
+            workload,
+            topology,
+            lambda n: resolve_shape(settings.shape, n_tokens=n),
+            settings.workflow is Workflow.training,
+            getattr(torch, settings.dtype.value),
+            settings.seed,
+            budget,
+            p.start,
+            p.factor,
+            p.max_tokens,
+            gloo=pick_backend(settings.dist.backend) == "gloo",
+        )
 
 
 def summary(prediction: Prediction) -> list[str]:

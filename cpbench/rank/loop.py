@@ -18,6 +18,7 @@ from cpbench.core import DoesNotFit
 from cpbench.measure.budget import lift_budget
 from cpbench.measure.memory import set_alloc_conf
 from cpbench.measure.point import OutOfMemoryAlone
+from cpbench.models.pairformer import chunking
 from cpbench.rank.budget import fit_plan, fit_probe
 from cpbench.rank.convergence import converge
 from cpbench.rank.points import Measurer, measure_points
@@ -48,7 +49,7 @@ def run_rank(
     deterministic(settings.mode is Mode.accuracy)  # before CUDA starts: it sets the cuBLAS workspace
     set_alloc_conf(settings.memory.alloc_conf)  # before CUDA starts: the allocator reads it once
     d = settings.dist
-    with rank_runtime(spec.topology, d.backend, d.timeout_s, dtype, settings.seed) as ctx:
+    with rank_runtime(spec.topology, d.backend, d.timeout_s, dtype, settings.seed, d.cpu_threads) as ctx:
         ctx.data_path = settings.data.path
         # Agreement and result reductions run on their own CPU group, apart from the workload's.
         control = dist.new_group(backend="gloo", timeout=timedelta(seconds=d.timeout_s))
@@ -59,7 +60,8 @@ def run_rank(
                 settings, ctx, control, folder, workload or instantiate(settings.workload)
             )
             baseline = RunFolder(spec.reference_dir) if spec.reference_dir and session.lead else None
-            with session.heartbeat, session.mllog:
+            # `auto` chunks sized for this rank's budget, as the fake-tensor estimate sizes them.
+            with session.heartbeat, session.mllog, chunking.sized_for(session.budget and session.budget.gib):
                 try:
                     _run(session, spec, baseline)
                 finally:

@@ -74,9 +74,19 @@ def gpu_index(local_rank: int, local_world: int, visible: int) -> int:
     )
 
 
+def threads_per_rank(cpu_threads: int | None, local_ranks: int) -> int:
+    """A CPU rank's intra-op threads: `cpu_threads`, else this machine's cores over its ranks."""
+    return cpu_threads or max(1, (os.cpu_count() or 1) // local_ranks)
+
+
 @contextmanager
 def rank_runtime(
-    topology: Topology, backend: str | None, timeout_s: float, dtype: torch.dtype, seed: int
+    topology: Topology,
+    backend: str | None,
+    timeout_s: float,
+    dtype: torch.dtype,
+    seed: int,
+    cpu_threads: int | None = None,
 ) -> Iterator[RankContext]:
     """Join the process group described by the torch.distributed environment (RANK, WORLD_SIZE,
     MASTER_ADDR, ...); a lone rank without that environment gets an in-memory store."""
@@ -91,7 +101,7 @@ def rank_runtime(
     else:
         device = torch.device("cpu")
         # Ranks on one machine share its cores; each takes its share or timings thrash.
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
+        torch.set_num_threads(threads_per_rank(cpu_threads, local_world))
     kwargs = {"backend": backend, "timeout": timedelta(seconds=timeout_s)}
     if "MASTER_ADDR" not in os.environ:
         kwargs.update(store=dist.HashStore(), rank=rank, world_size=world_size)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 
+from cpbench.runtime.rank import threads_per_rank
 from cpbench.settings.schema import BenchConfig, FaultConfig, Mode, TopologyConfig
 
 
@@ -18,6 +19,7 @@ def cp1_settings(settings: BenchConfig) -> BenchConfig:
     one.fault = FaultConfig()
     one.repeat_check = 0
     one.baseline = False
+    one.dist.cpu_threads = threads_per_rank(settings.dist.cpu_threads, settings.topology.cp)
     if settings.mode is Mode.accuracy:
         one.probe.enabled = False
     return one

@@ -168,6 +168,9 @@ class DistConfig:
     # After an out-of-memory error inside a step, how long a rank waits for its peers to agree before
     # it ends the job (they are stuck in a collective it will not join); the run restarts and resumes.
     agree_timeout_s: float = 10.0
+    # CPU: intra-op threads per rank; null: the cores over the CP run's ranks on the machine. A cp=1
+    # baseline takes its CP run's count, so that each rank is one equal "device" at every CP size.
+    cpu_threads: int | None = None
 
 
 @dataclass

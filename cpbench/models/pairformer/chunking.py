@@ -4,7 +4,11 @@ that runs only the chunks that set an op's peak.
 With chunking on and autograd off, an op updates z in place, one chunk of rows at a time, so no
 N x N x (hidden) intermediate and no N^3 attention logits live whole (AlphaFold3 and FastFold
 inference do the same). `chunk_size` is the rows per chunk, or `auto`: as many rows as keep the
-op's largest per-chunk transient under `AUTO_ELEMENTS`, so the chunk shrinks as N grows.
+op's largest per-chunk transient under `auto_elements()`, so the chunk shrinks as N grows.
+
+That bound follows the rank's memory budget (`sized_for`). A fixed one is a chunk sized for an 80 GB
+card under any cap: on a small cap one transient then holds most of the budget at one CP size and not
+at another, and what fits is decided by the driver, not the model.
 """
 
 from __future__ import annotations
@@ -15,8 +19,30 @@ from contextlib import contextmanager
 import torch
 
 AUTO = "auto"
-AUTO_ELEMENTS = 2**27  # per-chunk transient under `auto`: 512 MiB of float32 (the triangle attention logits)
+AUTO_CEILING = 2**27  # per-chunk transient under `auto`: at most 512 MiB of float32
+AUTO_SHARE = 1 / 64  # and at most this share of the rank's budget: small beside what N^2 holds
 _peak_only = False
+_auto_elements = AUTO_CEILING
+
+
+def auto_elements(budget_gib: float | None) -> int:
+    """The per-chunk transient under `auto`, in elements (counted as float32 whatever the dtype), for
+    a rank with `budget_gib` GiB (None: no budget, the ceiling)."""
+    if budget_gib is None:
+        return AUTO_CEILING
+    return max(1, min(AUTO_CEILING, int(budget_gib * 2**30 * AUTO_SHARE) // 4))
+
+
+@contextmanager
+def sized_for(budget_gib: float | None) -> Iterator[None]:
+    """`auto` chunks bounded for a rank with this budget, for the real steps and the fake-tensor
+    estimate alike (one rule, so that the estimate traces the chunks that run)."""
+    global _auto_elements
+    before, _auto_elements = _auto_elements, auto_elements(budget_gib)
+    try:
+        yield
+    finally:
+        _auto_elements = before
 
 
 def in_place(chunk_size: int | str | None) -> bool:
@@ -30,7 +56,7 @@ def row_slices(length: int, chunk_size: int | str | None, per_row: int) -> list[
     chunk allocates what the second did while the first's last tensors are still bound."""
     if chunk_size is None:
         return [slice(0, length)]
-    rows = max(1, AUTO_ELEMENTS // max(1, per_row)) if chunk_size == AUTO else int(chunk_size)
+    rows = max(1, _auto_elements // max(1, per_row)) if chunk_size == AUTO else int(chunk_size)
     slices = [slice(i, min(i + rows, length)) for i in range(0, length, rows)]
     return slices[:2] if _peak_only else slices
 

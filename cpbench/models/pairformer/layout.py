@@ -29,7 +29,7 @@ from torch.utils.checkpoint import checkpoint
 
 from cpbench.distributed.comm import LEDGER, all_reduce_max, all_reduce_sum, op_label
 from cpbench.distributed.grid import Grid, fetch_rows, gather_col_tokens, ring_pass, transpose
-from cpbench.models.pairformer import ops
+from cpbench.models.pairformer import chunking, ops
 
 
 class PairLayout:
@@ -73,8 +73,11 @@ class PairLayout:
         """My block of x^T on this same grid."""
         return transpose(x, self.grid, n)
 
-    def triangle_out(self, a: torch.Tensor, b: torch.Tensor, n: int) -> torch.Tensor:
-        """My block of t_ij = sum_k a_ik b_jk, from my blocks of a and b.
+    def triangle_out(
+        self, a: torch.Tensor, b: torch.Tensor, n: int, chunk_size: int | str | None = None
+    ) -> torch.Tensor:
+        """My block of t_ij = sum_k a_ik b_jk, from my blocks of a and b; with `chunk_size` (inference),
+        the rows of b fetched from peers come a chunk at a time.
 
         With autograd recording, the rows of b fetched from peers are fetched again in the
         backward instead of being kept: kept, they would add up to b[:, C_c] (all of b in 1d).
@@ -83,17 +86,40 @@ class PairLayout:
         acc = None
         for step in range(g.cols):
             target = g.col_block((g.c + step + 1) % g.cols, n)  # ends with my own column block
+            # The running sum moves on before this step's part is made: the one sent is freed first.
+            acc = None if acc is None else ring_pass(acc, g)
             if g.col_group is not None and torch.is_grad_enabled():
                 part = _recomputed(self._partial_product, a, b, target, n)
             else:
-                part = self._partial_product(a, b, target, n)
-            acc = part if acc is None else ring_pass(acc, g) + part
+                part = self._partial_product(a, b, target, n, chunk_size)
+            if acc is None:
+                acc = part
+            elif torch.is_grad_enabled():
+                acc = acc + part
+            else:
+                acc += part  # received into a buffer of its own: no copy of the sum
+            del part
         return acc
 
-    def _partial_product(self, a: torch.Tensor, b: torch.Tensor, rows: range, n: int) -> torch.Tensor:
-        """a_ik b_jk summed over my column tokens k, for the output columns j in `rows`."""
-        parts = [ops.triangle_out(a, piece) for _, piece in fetch_rows(b, rows, self.grid, n)]
-        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+    def _partial_product(
+        self, a: torch.Tensor, b: torch.Tensor, rows: range, n: int, chunk_size: int | str | None = None
+    ) -> torch.Tensor:
+        """a_ik b_jk summed over my column tokens k, for the output columns j in `rows`. Each fetched
+        piece of b (a chunk of rows under `chunk_size`) is multiplied into its columns of the output
+        and dropped: in 1d, b whole, or a peer's whole slab, would be an N^2 c floor that no CP size
+        lowers."""
+        out = None
+        for chunk in chunking.row_slices(len(rows), chunk_size, b.shape[1] * b.shape[2]):
+            wanted = range(rows.start + chunk.start, rows.start + chunk.stop)
+            for part, piece in fetch_rows(b, wanted, self.grid, n):
+                product = ops.triangle_out(a, piece)
+                if len(part) == len(rows):
+                    return product
+                if out is None:
+                    out = product.new_empty(a.shape[0], len(rows), product.shape[-1])
+                out[:, part.start - rows.start : part.stop - rows.start] = product
+                del piece, product
+        return out
 
     def key_ranges(self, n: int) -> list[range]:
         """The key column blocks in the order `key_blocks` visits them (mine first)."""
@@ -107,7 +133,7 @@ class PairLayout:
                 x = ring_pass(x, self.grid)
             yield keys, x
 
-    def fetch_rows(self, x: torch.Tensor, rows: range, n: int) -> list[tuple[range, torch.Tensor]]:
+    def fetch_rows(self, x: torch.Tensor, rows: range, n: int) -> Iterator[tuple[range, torch.Tensor]]:
         """x[rows, C_c] from my column group, as (global rows, piece) pairs."""
         return fetch_rows(x, rows, self.grid, n)
 

@@ -77,10 +77,12 @@ class TriangleMultiplication(nn.Module):
         return g * self.out(self.norm_out(t))
 
     def _product(self, a: torch.Tensor, b: torch.Tensor, layout: PairLayout, n: int) -> torch.Tensor:
+        chunk = self.chunk_size if chunking.in_place(self.chunk_size) else None
         if self.outgoing:
-            return layout.triangle_out(a, b, n)
+            return layout.triangle_out(a, b, n, chunk)
         # sum_k a_ki b_kj is the outgoing product of b^T and a^T, transposed
-        return layout.transposed().triangle_out(b.transpose(0, 1), a.transpose(0, 1), n).transpose(0, 1)
+        t = layout.transposed().triangle_out(b.transpose(0, 1), a.transpose(0, 1), n, chunk)
+        return t.transpose(0, 1)
 
     def forward(self, z: torch.Tensor, mask: torch.Tensor, layout: PairLayout) -> torch.Tensor:
         n = mask.shape[0]
