@@ -19,7 +19,9 @@ TESTS = Path(__file__).resolve().parent
 # The cheapest workload, unless a test names another (a later override wins); each test measures its
 # own cp alone, without the cp=1 baseline (tests/test_baseline.py turns it on), and with no time budget:
 # a test run is no benchmark, and its step count stays what the test sets (tests/test_budget.py sets one).
-BASE = ["workload=axial_mix", "baseline=false", "budget.minutes=null"]
+# The tests' sizes were chosen under a 0.5 GiB CPU cap; the default run's own (configs/config.yaml) is
+# smaller, for a short first run, and tests/test_like_for_like.py measures under it.
+BASE = ["workload=axial_mix", "baseline=false", "budget.minutes=null", "memory.cpu_budget_gib=0.5"]
 # Fixed step counts (caps at the floors): the adaptive warm-up and repeats are tested on their own.
 TIMING = [
     "timing.warmup=1",

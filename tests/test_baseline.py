@@ -42,7 +42,7 @@ def test_the_cache_key_holds_what_changes_the_cp1_answer_and_nothing_else():
     for same in ("topology.cp=4", "output_dir=elsewhere", "log.progress=false"):
         assert cache_key(settings(same)) == key, same
     for other in ("topology.kind=2d", "workload=axial_mix", "workflow=training", "dtype=bfloat16",
-                  "sweep.n_tokens=[64]", "shape.msa_depth=8", "probe.start=128", "memory.cpu_budget_gib=2",
+                  "sweep.n_tokens=[64]", "shape.msa_depth=8", "probe.start=192", "memory.cpu_budget_gib=2",
                   "timing.repeats=3", "seed=1"):  # fmt: skip
         assert cache_key(settings(other)) != key, other
 

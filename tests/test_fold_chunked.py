@@ -82,11 +82,22 @@ def test_chunked_cp_equals_plain_one_rank(kind: str, grid: tuple[int, int], plai
     assert not failures, "\n".join(failures)
 
 
-def test_auto_chunks_shrink_with_the_transient():
-    per_row = chunking.AUTO_ELEMENTS // 3  # three rows fit
+def test_auto_chunks_shrink_with_the_transient_and_the_budget():
+    per_row = chunking.AUTO_CEILING // 3  # three rows fit
     assert chunking.row_slices(8, chunking.AUTO, per_row) == [slice(0, 3), slice(3, 6), slice(6, 8)]
     one_row = [slice(i, i + 1) for i in range(8)]
-    assert chunking.row_slices(8, chunking.AUTO, 10 * chunking.AUTO_ELEMENTS) == one_row
+    assert chunking.row_slices(8, chunking.AUTO, 10 * chunking.AUTO_CEILING) == one_row
+    # A rank's budget bounds the transient: 1/64 of 1 GiB is 4 Mi float32 elements, an 80 GB card's
+    # share stays at the ceiling.
+    assert chunking.auto_elements(1.0) == 2**22 and chunking.auto_elements(78.0) == chunking.AUTO_CEILING
+    with chunking.sized_for(1.0):
+        assert chunking.row_slices(8, chunking.AUTO, 2**21) == [
+            slice(0, 2),
+            slice(2, 4),
+            slice(4, 6),
+            slice(6, 8),
+        ]
+    assert chunking.row_slices(8, chunking.AUTO, 2**21) == [slice(0, 8)]  # the ceiling again
     assert chunking.row_slices(8, None, per_row) == [slice(0, 8)]
     with chunking.peak_only():
         assert chunking.row_slices(8, 3, per_row) == [slice(0, 3), slice(3, 6)]

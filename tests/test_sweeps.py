@@ -65,6 +65,7 @@ def test_multirun_with_the_basic_launcher_merges_the_jobs(tmp_path):
     assert "At N_tokens=32, walltime is" in report
     assert (
         "Measured with `python -m cpbench -m workload=axial_mix baseline=false budget.minutes=null "
+        "memory.cpu_budget_gib=0.5 "
         "topology.cp=1,2 'sweep.n_tokens=[16,32]' " in report
     )
     assert f"merged 4 row(s) from 2 job(s) -> {out / 'cp_benchmark.md'}" in proc.stderr

@@ -24,6 +24,8 @@ import torch.distributed as dist
 
 from cpbench.torch_compat import all_gather_single, reduce_scatter_single
 
+UNLABELLED = "other"  # the label of work outside any op_label
+
 
 @dataclass
 class CommLedger:
@@ -32,7 +34,7 @@ class CommLedger:
     bytes_sent: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     seconds: dict[str, float] = field(default_factory=lambda: defaultdict(float))
     calls: dict[str, int] = field(default_factory=lambda: defaultdict(int))
-    label: str = "other"
+    label: str = UNLABELLED
     issued: int = 0  # collectives issued by this process, never reset: peers compare it after a failure
     # GPU collectives not yet read: (label, start event, end event)
     pending: list[tuple[str, torch.cuda.Event, torch.cuda.Event]] = field(default_factory=list)

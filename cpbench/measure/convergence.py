@@ -16,6 +16,7 @@ import torch.distributed as dist
 
 from cpbench.core import DoesNotFit, RankContext, Shape
 from cpbench.measure.fault import Fault
+from cpbench.measure.memory import read_peak_gib
 from cpbench.measure.oom import describe, is_oom
 from cpbench.measure.step import StepRunner
 from cpbench.results.folder import RunFolder
@@ -39,6 +40,7 @@ class ConvergenceSettings:
     fault: Fault
     key: str  # of the settings that decide the curve: a checkpoint of other settings is not resumed
     cap_gib: float | None = None  # the per-rank memory cap, named when a step does not fit
+    baseline_gib: float = 0.0  # what the rank held after start-up: a CPU step's peak counts above it
 
 
 def run_convergence(
@@ -77,6 +79,7 @@ def run_convergence(
         settings.fault.before_step(ctx.rank, step, start > 0, ctx.device)
         seed = batch_seed(settings.seed, step)
         out, phases, failure = _step(runner, shape, dataclasses.replace(ctx, seed=seed), control)
+        failure = failure or _over_cap(ctx.device, settings)
         if failure:
             raise does_not_fit(shape, settings.cap_gib, f"rank {ctx.rank}, step {step}: {failure}")
         loss = torch.tensor([out.detach().double().item()], dtype=torch.float64)
@@ -106,6 +109,17 @@ def does_not_fit(shape: Shape, cap_gib: float | None, where: str) -> DoesNotFit:
         f"workflow=convergence: N_tokens={shape.n_tokens} does not fit in {cap} ({where}); lower "
         "shape.n_tokens or raise memory.budget_gib (memory.cpu_budget_gib on CPU)"
     )
+
+
+def _over_cap(device: torch.device, settings: ConvergenceSettings) -> str:
+    """On CPU the cap holds the measured resident peak (measure/budget.py): a step over it does not fit
+    though no allocation failed. A GPU's cap is the allocator's, which fails the allocation itself."""
+    if device.type != "cpu" or settings.cap_gib is None:
+        return ""
+    over = read_peak_gib(device) - settings.baseline_gib
+    if over <= settings.cap_gib:
+        return ""
+    return f"peak {over:.3f} GiB over the baseline exceeds {settings.cap_gib:g} GiB"
 
 
 def _step(runner: StepRunner, shape: Shape, ctx: RankContext, control: dist.ProcessGroup) -> tuple:

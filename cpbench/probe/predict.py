@@ -28,10 +28,10 @@ from torch.utils._pytree import tree_leaves
 from torch.utils.weak import WeakIdKeyDictionary
 
 from cpbench.core import RankContext, Shape, Topology
-from cpbench.distributed.comm import LEDGER
+from cpbench.distributed.comm import LEDGER, UNLABELLED
 from cpbench.measure.budget import budget_gib
 from cpbench.models.pairformer import chunking
-from cpbench.probe.owners import BACKWARD, OUTSIDE, WEIGHTS, ModuleStack
+from cpbench.probe.owners import BACKWARD, OUTSIDE, WEIGHTS, ModuleStack, top_owners
 from cpbench.probe.search import align_down, align_up
 from cpbench.runtime.compile_cache import import_dynamo
 from cpbench.runtime.rank import device_type, joined_context, pick_backend, visible_gpus
@@ -74,6 +74,8 @@ class Prediction:
     # What real steps held beyond their traces (the process, workspaces: see ASSUMPTIONS), in turn:
     # N_tokens, missed_gib, proposal. The last one's miss is added to every estimate (`calibrated`).
     calibrations: tuple[dict, ...] = ()
+    # Who holds the peak at the proposal (the first traced rank): (holder, bytes), largest first.
+    owners: tuple[tuple[str, int], ...] = ()
 
     @property
     def missed_gib(self) -> float:
@@ -91,6 +93,7 @@ class Prediction:
             "estimates": [{"N_tokens": e.n, "peak_gib": e.peak_gib} for e in self.estimates],
             "calibration": {"N_tokens": self.calibrated_at, "missed_gib": self.missed_gib},
             "calibrations": list(self.calibrations),
+            "owners_at_proposal": [{"holder": name, "gib": size / GIB} for name, size in self.owners],
             "assumes": ASSUMPTIONS,
         }
 
@@ -277,9 +280,7 @@ def _trace(workload: Workload, topology: Topology, shape: Shape, train: bool, dt
         fake = FakeTensorMode(allow_non_fake_inputs=True)
         weights = _fake_weights(model, fake)
         stack = ModuleStack(model)
-        tracker = LiveBytes(
-            cut_bytes, gloo, lambda: LEDGER.label or stack.current
-        )  # the CP op, else the module
+        tracker = LiveBytes(cut_bytes, gloo, lambda: _holder(stack))
         tracker.hold(weights.values())
         try:
             with (
@@ -300,6 +301,11 @@ def _trace(workload: Workload, topology: Topology, shape: Shape, train: bool, dt
             op = tracker.failed_op or _op_of(err)
             raise CannotTrace(op, (str(err).strip() or "?").splitlines()[0]) from err
         return {**tracker.at_peak, "(optimizer state)": optim_bytes} if optim_bytes else tracker.at_peak
+
+
+def _holder(stack: ModuleStack) -> str:
+    """Who allocates now: the CP op's label where one is set (comm.op_label), else the module."""
+    return LEDGER.label if LEDGER.label != UNLABELLED else stack.current
 
 
 def _fake_weights(model: torch.nn.Module, fake: FakeTensorMode) -> dict[str, torch.Tensor]:
@@ -408,7 +414,7 @@ def for_run(settings: BenchConfig, workload: Workload, topology: Topology) -> Pr
     """The run's prediction; CannotTrace names the op when the workload cannot run on fake tensors."""
     p, budget = settings.probe, budget_gib(settings.memory, device_type(pick_backend(settings.dist.backend)))
     with chunking.sized_for(budget):  # the chunks the ranks run under this budget
-        return predict(
+        prediction = predict(
             workload,
             topology,
             lambda n: resolve_shape(settings.shape, n_tokens=n),
@@ -421,6 +427,14 @@ def for_run(settings: BenchConfig, workload: Workload, topology: Topology) -> Pr
             p.max_tokens,
             gloo=pick_backend(settings.dist.backend) == "gloo",
         )
+        if prediction.proposal:
+            shape = resolve_shape(settings.shape, n_tokens=prediction.proposal)
+            train = settings.workflow is Workflow.training
+            dtype, gloo = getattr(torch, settings.dtype.value), pick_backend(settings.dist.backend) == "gloo"
+            rank = prediction.ranks[0]
+            held = peak_owners(workload, topology, shape, train, dtype, settings.seed, rank, gloo)
+            prediction.owners = tuple(top_owners(held))
+    return prediction
 
 
 def summary(prediction: Prediction) -> list[str]:
@@ -430,6 +444,9 @@ def summary(prediction: Prediction) -> list[str]:
     ranks = ", ".join(str(r) for r in prediction.ranks)
     lines.append(f"traced ranks: {ranks}; budget {prediction.budget_gib:g} GiB per rank")
     lines.append(f"predicted max N_tokens: {prediction.proposal if prediction.proposal else 'none fits'}")
+    if prediction.owners:
+        held = ", ".join(f"{name} {size / GIB:.3f} GiB" for name, size in prediction.owners)
+        lines.append(f"at N={prediction.proposal} the peak is held by: {held}")
     if not visible_gpus():  # the target device is not here: say what the estimate leaves out
         lines.append(f"assumes: {ASSUMPTIONS}")
     return lines

@@ -31,7 +31,7 @@ def converge(measurer: Measurer, settings: PointSettings, baseline: RunFolder | 
     key = curve_key(s.settings)
     how = ConvergenceSettings(
         steps, s.settings.checkpoint.every, s.settings.seed, settings.fault, key,
-        s.budget.gib if s.budget else None,
+        s.budget.gib if s.budget else None, s.budget.baseline_gib if s.budget else 0.0,
     )  # fmt: skip
 
     def logged(row: dict[str, Any]) -> None:  # a convergence step into mllog.txt

@@ -17,6 +17,7 @@ from cpbench.report.analysis import (
     oversubscribed_rows,
     prediction_errors,
 )
+from cpbench.report.peak_terms import edge_sentence
 from cpbench.results.row import BASELINE
 
 
@@ -33,6 +34,8 @@ def _max_n_sentences(frame: pd.DataFrame) -> list[str]:
         else:
             parts.append(f"{r.max_n} at {where} ({r.vs_cp1:.2f}x cp=1; ideal sqrt(cp) = {r.ideal:.2f}x)")
     sentences = ["Largest N_tokens that fits: " + "; ".join(parts) + "."]
+    if edge := edge_sentence(frame, fits):
+        sentences.append(edge)
     if fits["vs_cp1"].isna().all():
         sentences.append(
             "No cp=1 baseline was run, so the gain from CP is not known (baseline=true measures one)."
