@@ -82,3 +82,10 @@ def test_cp2_against_cp1_lies_in_the_band_under_the_default_cap(tmp_path, worklo
     assert low <= ratio <= high, f"{workload}: cp=2/cp=1 = {ratio:.2f}\n{proc.stderr[-3000:]}"
     report = (out / "cp_benchmark.md").read_text()
     assert "fitted to a + b N^2 + c N^3" in report
+    # Who holds the peak at each edge, traced by the launching process once the ranks are done.
+    edges = frame[(frame["kind"] == "max-fit") & (frame["status"] == "ok")]
+    at_edge = {cp: edges[(edges["cp"] == cp) & (edges["N_tokens"] == _max_n(frame, cp))] for cp in (1, 2)}
+    holders = {cp: rows["peak_holder"].iloc[0] for cp, rows in at_edge.items()}
+    assert all(isinstance(h, str) and "%" in h for h in holders.values()), holders
+    assert f"cp=1 1d at N={_max_n(frame, 1)}: {holders[1]}" in report
+    assert f"cp=2 1d at N={_max_n(frame, 2)}: {holders[2]}" in report

@@ -17,10 +17,12 @@ from pathlib import Path
 import pandas as pd
 
 from cpbench.app.outcome import close_failed
+from cpbench.app.peak_holders import record_peak_holders
 from cpbench.launch.base import Notify, RankFailure, ShapeDoesNotFit
 from cpbench.launch.local import LocalLauncher, LocalSettings
 from cpbench.rank import RunSpec, walltime_points
 from cpbench.record import run_record
+from cpbench.report.single import write_report
 from cpbench.results.folder import RunFolder
 from cpbench.results.row import BASELINE, point_key
 from cpbench.settings.cp1 import cp1_settings
@@ -85,7 +87,8 @@ def run_baseline(settings: BenchConfig, root: Path, notify: Notify) -> RunFolder
         folder.clear_failure()
         try:
             alone = LocalSettings(1, base.launch.max_restarts, in_process=False, backend=base.dist.backend)
-            LocalLauncher(alone).start(RunSpec(settings=base, output_dir=str(folder.root)), None, notify)
+            spec = RunSpec(settings=base, output_dir=str(folder.root))
+            LocalLauncher(alone).start(spec, None, notify)
         except ShapeDoesNotFit as failure:  # what CP is for: the CP run may fit it
             close_failed(folder, 1, "oom", failure.message)
             print(f"cpbench: the cp=1 baseline: {failure.message}; going on without it", file=sys.stderr)
@@ -94,6 +97,9 @@ def run_baseline(settings: BenchConfig, root: Path, notify: Notify) -> RunFolder
             close_failed(folder, 1, "crashed" if failure.crashed else "error", str(failure))
             print(f"cpbench: the cp=1 baseline failed ({failure}); going on without it", file=sys.stderr)
             return None
+        if base.probe.enabled:
+            record_peak_holders(folder, base, spec.topology)
+            write_report(folder.root)
     return folder
 
 

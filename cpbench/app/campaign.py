@@ -19,6 +19,7 @@ from cpbench.app.baseline import attach_baseline, refusal
 from cpbench.app.checks import CheckedRun, checked_run
 from cpbench.app.interrupt import Interrupted, close_interrupted, in_flight, signals_end_the_run
 from cpbench.app.outcome import close_failed
+from cpbench.app.peak_holders import record_peak_holders
 from cpbench.checks.accuracy import MISMATCH
 from cpbench.checks.repeat import repeat_spread
 from cpbench.core import ConfigError, Topology
@@ -121,6 +122,9 @@ def _campaign(folder: RunFolder, checked: CheckedRun, changes: list[Change], bas
         spec.reference_dir = str(base.root) if base is not None else None
     with signals_end_the_run():
         code = _start(launcher, spec, checked.workload)
+        if code == 0 and launcher.leads and launcher.starts_runs and settings.probe.enabled:
+            record_peak_holders(folder, settings, checked.topology, checked.workload)
+            write_report(folder.root)
         if code == 0 and launcher.starts_runs and settings.repeat_check:
             code = _repeat_check(spec, launcher)
         if code == 0 and launcher.starts_runs and settings.mode is Mode.accuracy:

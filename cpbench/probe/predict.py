@@ -427,14 +427,22 @@ def for_run(settings: BenchConfig, workload: Workload, topology: Topology) -> Pr
             p.max_tokens,
             gloo=pick_backend(settings.dist.backend) == "gloo",
         )
-        if prediction.proposal:
-            shape = resolve_shape(settings.shape, n_tokens=prediction.proposal)
-            train = settings.workflow is Workflow.training
-            dtype, gloo = getattr(torch, settings.dtype.value), pick_backend(settings.dist.backend) == "gloo"
-            rank = prediction.ranks[0]
-            held = peak_owners(workload, topology, shape, train, dtype, settings.seed, rank, gloo)
-            prediction.owners = tuple(top_owners(held))
+    if prediction.proposal:
+        prediction.owners = tuple(holders_at(settings, workload, topology, prediction.proposal))
     return prediction
+
+
+def holders_at(
+    settings: BenchConfig, workload: Workload, topology: Topology, n: int
+) -> list[tuple[str, int]]:
+    """Who holds the run's peak at N on its first traced rank (bytes, largest first), traced with the
+    chunks its ranks run; CannotTrace where the workload cannot run on fake tensors."""
+    backend = pick_backend(settings.dist.backend)
+    shape, dtype = resolve_shape(settings.shape, n_tokens=n), getattr(torch, settings.dtype.value)
+    with chunking.sized_for(budget_gib(settings.memory, device_type(backend))):
+        held = peak_owners(workload, topology, shape, settings.workflow is Workflow.training, dtype,
+                           settings.seed, traced_ranks(topology)[0], backend == "gloo")  # fmt: skip
+    return top_owners(held)
 
 
 def summary(prediction: Prediction) -> list[str]:

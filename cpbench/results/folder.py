@@ -269,7 +269,15 @@ class RunFolder:
         parts = [f for f in (frame, rows) if not f.empty]
         if not parts and held.empty:  # a baseline of no rows (a convergence curve) and none held
             return
-        frame = pd.concat(parts, ignore_index=True) if parts else frame
+        self._write_results(pd.concat(parts, ignore_index=True) if parts else frame)
+
+    def set_column(self, rows: pd.Series, column: str, value: Any) -> None:
+        """Set `column` of the rows `rows` selects (a mask over `read_results()`) to `value`."""
+        frame = self.read_results()
+        frame.loc[rows, column] = value
+        self._write_results(frame)
+
+    def _write_results(self, frame: pd.DataFrame) -> None:
         columns = COLUMNS + [c for c in frame.columns if c not in COLUMNS]
         write_atomically(self.results, frame.reindex(columns=columns).to_csv(index=False))
 

@@ -57,6 +57,9 @@ class ResultRow:
     flops_uncounted: str = ""
     # probe.predict: the fake-tensor estimate of peak_mem_gib (the baseline included, as the measure)
     predicted_peak_gib: float | None = None
+    # max-fit rows of built-in workloads: who holds the peak at that N by the fake-tensor trace, the
+    # two largest holders and their shares (app/peak_holders.py), e.g. "msa.tri_mul_out 61%, ..."
+    peak_holder: str = ""
     peak_mem_min_gib: float | None = None  # the least peak over ranks: beside the max, the grid's imbalance
     # GPU, beside peak_mem_gib (tensors): the caching allocator's peak of reserved segments, and NVML's
     # used memory of the device at the peak (every process on it: the CUDA context and NCCL's buffers

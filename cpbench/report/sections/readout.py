@@ -36,6 +36,8 @@ def _max_n_sentences(frame: pd.DataFrame) -> list[str]:
     sentences = ["Largest N_tokens that fits: " + "; ".join(parts) + "."]
     if edge := edge_sentence(frame, fits):
         sentences.append(edge)
+    if held := _holder_sentence(frame):
+        sentences.append(held)
     if fits["vs_cp1"].isna().all():
         sentences.append(
             "No cp=1 baseline was run, so the gain from CP is not known (baseline=true measures one)."
@@ -48,6 +50,20 @@ def _max_n_sentences(frame: pd.DataFrame) -> list[str]:
                 "growing as N^2."
             )
     return sentences
+
+
+def _holder_sentence(frame: pd.DataFrame) -> str:
+    """Who holds the peak at each edge, by the fake-tensor trace the run made there (`peak_holder`)."""
+    if "peak_holder" not in frame.columns:
+        return ""
+    rows = frame[(frame["kind"] == "max-fit") & frame["peak_holder"].fillna("").astype(bool)]
+    parts = [
+        f"cp={r.cp} {r.topology} at N={r.N_tokens}: {r.peak_holder}"
+        for r in rows.sort_values(["cp", "topology", "N_tokens"])
+        .drop_duplicates(["cp", "topology"], keep="last")
+        .itertuples()
+    ]
+    return "The fake-tensor trace at each edge puts the peak in: " + "; ".join(parts) + "." if parts else ""
 
 
 def _comm_sentences(frame: pd.DataFrame) -> list[str]:
