@@ -53,7 +53,8 @@ def rank_processes() -> multiprocessing.context.BaseContext:
 # Seconds each of the slowest files took (`pytest -q --durations=0 -n 3` at 26ec815, summed per file,
 # setup included): refresh when a file grows or shrinks by much. The rest take under 10 s each.
 FILE_SECONDS = {
-    "test_slurm_requeue.py": 185, "test_faults.py": 80, "test_probe.py": 80, "test_pairformer_cp.py": 69,
+    "test_slurm_requeue.py": 185, "test_like_for_like.py": 100, "test_labels.py": 35, "test_phases.py": 25,
+    "test_faults.py": 80, "test_probe.py": 80, "test_pairformer_cp.py": 69,
     "test_flops_extrapolated.py": 72, "test_slurm_nodes.py": 70, "test_slurm.py": 68,
     "test_slurm_cluster.py": 67, "test_sweeps.py": 56, "test_fold_workload.py": 56,
     "test_adapters.py": 50, "test_flops_runs.py": 39, "test_path_matrix_training.py": 39,

@@ -16,7 +16,7 @@ import torch.distributed as dist
 
 from cpbench.core import DoesNotFit, RankContext, Shape
 from cpbench.measure.fault import Fault
-from cpbench.measure.memory import read_peak_gib
+from cpbench.measure.memory import read_peak_gib, reset_peak
 from cpbench.measure.oom import describe, is_oom
 from cpbench.measure.step import StepRunner
 from cpbench.results.folder import RunFolder
@@ -78,8 +78,9 @@ def run_convergence(
         progress(f"convergence step {step + 1} of {settings.steps}")
         settings.fault.before_step(ctx.rank, step, start > 0, ctx.device)
         seed = batch_seed(settings.seed, step)
+        reset_peak(ctx.device)  # a checkpoint between steps is no step's
         out, phases, failure = _step(runner, shape, dataclasses.replace(ctx, seed=seed), control)
-        failure = failure or _over_cap(ctx.device, settings)
+        failure = failure or _over_cap(ctx.device, control, settings)
         if failure:
             raise does_not_fit(shape, settings.cap_gib, f"rank {ctx.rank}, step {step}: {failure}")
         loss = torch.tensor([out.detach().double().item()], dtype=torch.float64)
@@ -111,15 +112,17 @@ def does_not_fit(shape: Shape, cap_gib: float | None, where: str) -> DoesNotFit:
     )
 
 
-def _over_cap(device: torch.device, settings: ConvergenceSettings) -> str:
-    """On CPU the cap holds the measured resident peak (measure/budget.py): a step over it does not fit
-    though no allocation failed. A GPU's cap is the allocator's, which fails the allocation itself."""
+def _over_cap(device: torch.device, control: dist.ProcessGroup, settings: ConvergenceSettings) -> str:
+    """On CPU the cap holds the measured resident peak (measure/budget.py): a step over it on any rank
+    does not fit though no allocation failed, and every rank agrees before the next collective. A GPU's
+    cap is the allocator's, which fails the allocation itself."""
     if device.type != "cpu" or settings.cap_gib is None:
         return ""
-    over = read_peak_gib(device) - settings.baseline_gib
-    if over <= settings.cap_gib:
+    worst = torch.tensor([read_peak_gib(device) - settings.baseline_gib], dtype=torch.float64)
+    dist.all_reduce(worst, op=dist.ReduceOp.MAX, group=control)
+    if worst.item() <= settings.cap_gib:
         return ""
-    return f"peak {over:.3f} GiB over the baseline exceeds {settings.cap_gib:g} GiB"
+    return f"peak {worst.item():.3f} GiB over the baseline exceeds {settings.cap_gib:g} GiB (largest rank)"
 
 
 def _step(runner: StepRunner, shape: Shape, ctx: RankContext, control: dist.ProcessGroup) -> tuple:

@@ -15,7 +15,7 @@ from hydra.utils import instantiate
 from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
 
 from cpbench.core import DoesNotFit
-from cpbench.measure.budget import lift_budget
+from cpbench.measure.budget import budget_gib, lift_budget
 from cpbench.measure.memory import set_alloc_conf
 from cpbench.measure.point import OutOfMemoryAlone
 from cpbench.models.pairformer import chunking
@@ -60,8 +60,10 @@ def run_rank(
                 settings, ctx, control, folder, workload or instantiate(settings.workload)
             )
             baseline = RunFolder(spec.reference_dir) if spec.reference_dir and session.lead else None
-            # `auto` chunks sized for this rank's budget, as the fake-tensor estimate sizes them.
-            with session.heartbeat, session.mllog, chunking.sized_for(session.budget and session.budget.gib):
+            # `auto` chunks sized for the budget as set, as the fake-tensor estimate sizes them: not as
+            # measured (free memory differs by rank on a GPU, and so would the chunks and collectives).
+            chunks = chunking.sized_for(budget_gib(settings.memory, ctx.device.type))
+            with session.heartbeat, session.mllog, chunks:
                 try:
                     _run(session, spec, baseline)
                 finally:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import copy
 
-from cpbench.runtime.rank import threads_per_rank
+from cpbench.runtime.rank import device_type, pick_backend, threads_per_rank
 from cpbench.settings.schema import BenchConfig, FaultConfig, Mode, TopologyConfig
 
 
@@ -19,7 +19,8 @@ def cp1_settings(settings: BenchConfig) -> BenchConfig:
     one.fault = FaultConfig()
     one.repeat_check = 0
     one.baseline = False
-    one.dist.cpu_threads = threads_per_rank(settings.dist.cpu_threads, settings.topology.cp)
+    if device_type(pick_backend(settings.dist.backend)) == "cpu":  # elsewhere it changes nothing
+        one.dist.cpu_threads = threads_per_rank(settings.dist.cpu_threads, settings.topology.cp)
     if settings.mode is Mode.accuracy:
         one.probe.enabled = False
     return one

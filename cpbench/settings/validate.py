@@ -50,6 +50,7 @@ def validate(settings: BenchConfig) -> Topology:
     for key in ("n_tokens", "atoms_per_token", "msa_depth"):
         _positive(f"shape.{key}", getattr(shape, key))
     _positive("shape.n_atoms", shape.n_atoms, allow_null=True)
+    _positive("dist.cpu_threads", settings.dist.cpu_threads, allow_null=True)
     for key in ("n_tokens", "n_atoms", "msa_depth"):
         values = list(getattr(sweep, key))
         if not values and (key != "n_tokens" or not settings.probe.enabled):
