@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -125,10 +126,12 @@ def test_killed_job_resumes_without_rerunning_finished_n(tmp_path):
     finally:
         os.killpg(job.pid, signal.SIGKILL)  # the whole job: launcher and every rank
         job.wait(timeout=30)
-    before = probe_trials(out)
+    # What a resume starts from: probe_state.json (probe.csv is written after it, and a kill between
+    # the two writes leaves the csv one N behind; the resumed run writes it whole again).
+    before = [t["n"] for t in json.loads((out / "probe_state.json").read_text())["trials"]]
     proc = ok(cpbench(*args[3:], cwd=tmp_path, timeout=180))
     row, after = check_consistent(out)
-    assert list(after["N_tokens"][: len(before)]) == list(before["N_tokens"])  # finished Ns kept, not re-run
+    assert list(after["N_tokens"][: len(before)]) == before  # finished Ns kept, not re-run
     # Every N this run tried is one new row, in the order tried: each step the ranks logged, and each
     # that one rank ran out of memory on alone (its ranks restarted; such a step logs no line of its own).
     tried = re.findall(r"^probe N=(\d+)|^cpbench: rank \d+: N=(\d+) does not fit: out of memory alone",
