@@ -100,8 +100,9 @@ class TimingConfig:
 class AccuracyConfig:
     """mode=accuracy: each point's checked quantities against the cp=1 run of the same config."""
 
-    # Relative tolerance across CP layouts (their reduction orders differ); null: by dtype, 1e-4 for
-    # float32 and 1e-2 for bfloat16/float16. The same layout (a cp=1 run) must agree bit for bit.
+    # Relative tolerance across CP layouts (their reduction orders differ); null: by dtype, 1e-5 for
+    # float32 and 1e-2 for bfloat16/float16 (cpbench/checks/accuracy.py). The same layout (a cp=1
+    # run) must agree bit for bit.
     rtol: float | None = None
 
 
