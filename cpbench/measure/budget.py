@@ -21,9 +21,8 @@ from cpbench.settings.schema import MemoryConfig
 
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc mallopt parameters
 # CPU: address space allowed beyond the budget. A cap on address space is not one on resident memory
-# (reserved, untouched and freed-but-mapped pages count in one, not the other), and the two drift apart
-# with thread count and allocation pattern, that is with the CP size: the fit is judged on the measured
-# resident peak, and the backstop stays out of its way.
+# (reserved, untouched and freed-but-mapped pages count in one, not the other): the fit is judged on
+# the measured resident peak, the figure a row reports, and the backstop stays out of its way.
 BACKSTOP_FACTOR, BACKSTOP_GIB = 2.0, 0.25
 
 
