@@ -63,7 +63,7 @@ FILE_SECONDS = {
     "test_path_matrix_inference.py": 23, "test_user_paths.py": 23, "test_experiments.py": 22,
     "test_fold_cp.py": 21, "test_rank_server.py": 17, "test_convergence.py": 17, "test_flops.py": 16,
     "test_identity.py": 15, "test_pairformer_workload.py": 14, "test_predict.py": 14, "test_check.py": 13,
-    "test_pairformer_ops.py": 10,
+    "test_pairformer_ops.py": 10, "test_adapter_options.py": 30, "test_adapter_example.py": 20,
 }  # fmt: skip
 
 

@@ -8,13 +8,17 @@ import numpy as np
 from conftest import FAST, cpbench, ok, refused, results
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "complex_304.npz"
+READS_INPUTS = ["workload=adapter", "workload.module=adapters.told", "workload.contract=native",
+                "workload.options={width: 8, report_dir: .}"]  # fmt: skip
 
 
 def test_feature_file_sets_the_point_and_is_recorded(tmp_path):
+    """A workload that reads the file (axial_mix cannot, and is refused: tests/test_adapter_options.py)."""
     out = tmp_path / "out"
     ok(
         cpbench(
             "topology.cp=2",
+            *READS_INPUTS,
             f"data.path={EXAMPLE}",
             "probe.enabled=false",
             *FAST,

@@ -80,6 +80,39 @@ def test_guided_search_takes_fewer_steps_when_memory_follows_a_quadratic():
     assert len(guided) < len(plain)
 
 
+@pytest.mark.parametrize("edge_at", [300, 380, 500])
+def test_the_ramp_stops_short_of_a_step_the_model_puts_past_the_edge(edge_at):
+    """A run's walltime points give the model its first fits: the ramp's next N (twice the last fit)
+    is replaced by the crossing, so no trial lands far past the edge, the costliest step there is."""
+    peak = lambda n: 0.3 + 1e-6 * n * n  # noqa: E731
+    budget = peak(edge_at)
+    fits = lambda n: peak(n) <= budget  # noqa: E731
+    points = [Trial(n, True, "ok", peak(n), point=True) for n in (32, 64, 128)]
+    cfg = SearchConfig(start=128, factor=2, granularity=16, budget_gib=budget)
+    trials = list(points)
+    while (p := next_trial(cfg, trials)) is not None:
+        trials.append(Trial(p.n, fits(p.n), "ok" if fits(p.n) else "oom", peak(p.n), guided=p.guided))
+    probed = [t.n for t in trials if not t.point]
+    best, fail = bounds(trials)
+    assert best.n <= edge_at < fail.n and fail.n - best.n <= 16
+    assert max(probed) <= edge_at + 2 * 16, probed  # the plain ramp tried 512
+    assert len(probed) <= 4, probed
+
+
+def test_a_model_that_reads_low_steps_up_by_doubling_steps():
+    """The model puts the edge at 200 while steps fit far beyond it: the first try is there, and each
+    further guided fit doubles the step past the last fit, so the ramp's reach comes back within a few
+    trials."""
+    cfg = SearchConfig(start=128, factor=2, granularity=16, budget_gib=0.3 + 1e-6 * 200**2)
+    trials = [Trial(n, True, "ok", 0.3 + 1e-6 * n * n, point=True) for n in (32, 64, 128)]
+    steps = []
+    while len(steps) < 5 and (p := next_trial(cfg, trials)) is not None:
+        steps.append(p.n)
+        trials.append(Trial(p.n, True, "ok", 0.3 + 1e-6 * 200**2, guided=p.guided))  # all fit, flat
+    gaps = [b - a for a, b in zip(steps, steps[1:], strict=False)]
+    assert steps[0] <= 200 and all(b >= 2 * a for a, b in zip(gaps, gaps[1:], strict=False)), steps
+
+
 def test_guided_falls_back_to_bisection_when_the_model_does_not_fit():
     budget = 10.0
     peak = lambda n: 1.0 if n < 300 else 9.0 + (n % 7)  # noqa: E731  (no quadratic explains this)

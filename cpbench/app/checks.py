@@ -89,7 +89,22 @@ def checked_run(cfg: DictConfig, in_sweep: bool = False) -> CheckedRun:
     check_topology = getattr(workload, "check_topology", None)
     if callable(check_topology):
         check_topology(topology)
+    _check_takes_inputs(settings, workload)
     return CheckedRun(settings, topology, workload, launcher)
+
+
+def _check_takes_inputs(settings: BenchConfig, workload: Workload) -> None:
+    """A feature file is read by the workload's build_batch or refused: never measured as if read."""
+    if settings.data.path is None or getattr(workload, "takes_inputs", False):
+        return
+    name = getattr(workload, "name", type(workload).__name__)
+    how = (
+        "add `*, features` to its build_batch signature (docs/adapters.md)"
+        if hasattr(workload, "module")
+        else "its batch is synthesized (a class that reads the file declares takes_inputs = True); "
+        "use workload=fold or pairformer, or unset data.path"
+    )
+    raise ConfigError(f"data.path={settings.data.path}: workload {name} cannot take a feature file; {how}")
 
 
 def checked(cfg: DictConfig) -> tuple[BenchConfig, Topology, Workload]:

@@ -5,6 +5,8 @@ A model FLOP is what the counter's registry counts: matrix products (mm, addmm, 
 einsums and linears that lower to them), convolutions and fused attention, through aten, forward and
 (in training) backward. Elementwise ops, reductions, softmax and the optimizer count nothing. An op
 outside aten (a custom kernel) cannot be seen into: it counts nothing and is named in `uncounted`.
+A forward recomputed in the backward (activation checkpointing: a forward op run with grad enabled
+inside an autograd node) is counted apart: model FLOPs leave it out, hardware FLOPs (HFU) keep it.
 
 Each rank counts its own share: a DTensor op is left to DTensor, whose local ops are then counted at
 the local shapes, and DTensor's own shape propagation (the op run again at the global shape) is kept
@@ -25,7 +27,7 @@ import torch
 import torch.distributed as dist
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
-from torch.utils.flop_counter import FlopCounterMode
+from torch.utils.flop_counter import FlopCounterMode, flop_registry
 
 from cpbench.core import RankContext, Shape
 from cpbench.distributed.dtensor import is_dtensor_type
@@ -42,18 +44,25 @@ _SEEN_THROUGH = frozenset({"aten", "prims", "prim", "c10d", "_c10d_functional", 
 
 class _LocalShares(TorchDispatchMode):
     """Defers a DTensor op to DTensor, so that the counter sees the local ops it runs; names the ops
-    from outside aten that the counter cannot count."""
+    from outside aten that the counter cannot count; adds up the FLOPs of recomputed forward ops."""
 
     def __init__(self) -> None:
         super().__init__()
         self.uncounted: Counter[str] = Counter()
+        self.recomputed = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
         if any(is_dtensor_type(t) for t in types):
             return NotImplemented
         if func.namespace not in _SEEN_THROUGH:
             self.uncounted[str(func.overloadpacket)] += 1
-        return func(*args, **(kwargs or {}))
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        # The backward runs its own ops with grad disabled; a checkpoint recomputes with it enabled.
+        recomputing = torch.is_grad_enabled() and torch._C._current_autograd_node() is not None
+        if recomputing and func.overloadpacket in flop_registry:
+            self.recomputed += int(flop_registry[func.overloadpacket](*args, **kwargs, out_val=out))
+        return out
 
 
 @dataclass(frozen=True)
@@ -63,6 +72,7 @@ class StepFlops:
     flops: int
     by_op: dict[str, int] = field(default_factory=dict)
     uncounted: tuple[str, ...] = ()
+    recomputed: int = 0  # of `flops`, those of forward ops recomputed in the backward (checkpointing)
 
 
 @contextmanager
@@ -120,7 +130,8 @@ class FlopCount:
         by_op: Counter[str] = Counter()
         for op, flops in self._counter.get_flop_counts().get("Global", {}).items():
             by_op[str(op)] += int(flops)
-        return StepFlops(sum(by_op.values()), dict(by_op), tuple(sorted(self._local.uncounted)))
+        uncounted = tuple(sorted(self._local.uncounted))
+        return StepFlops(sum(by_op.values()), dict(by_op), uncounted, self._local.recomputed)
 
 
 _loaded = False
@@ -173,12 +184,15 @@ def _extrapolated(workload: Workload, shape: Shape, ctx: RankContext, train: boo
     """The step's count from its cut forms (`flop_loops`, `flop_form`), each with a model of its own."""
     by_op: Counter[str] = Counter()
     uncounted: set[str] = set()
+    recomputed = 0
     for passes, weight in corners(workload.flop_loops(train)):
         form = workload.flop_form(passes)
         counted = _count(form, form.build_model(ctx), shape, ctx, train, seed)
         by_op.update({op: weight * flops for op, flops in counted.by_op.items()})
         uncounted |= set(counted.uncounted)
-    return StepFlops(sum(by_op.values()), {op: f for op, f in by_op.items() if f}, tuple(sorted(uncounted)))
+        recomputed += weight * counted.recomputed
+    by_op = Counter({op: f for op, f in by_op.items() if f})
+    return StepFlops(sum(by_op.values()), dict(by_op), tuple(sorted(uncounted)), recomputed)
 
 
 def count_step(workload: Workload, model: torch.nn.Module, shape: Shape, ctx: RankContext, train: bool,
@@ -217,6 +231,7 @@ class Counted:
     flops: int | None
     uncounted: tuple[str, ...] = ()
     error: str = ""
+    recomputed: int = 0  # of `flops`, a checkpointed forward's recomputation
 
 
 def count_over_ranks(workload: Workload, model: torch.nn.Module, shape: Shape, ctx: RankContext,
@@ -227,34 +242,40 @@ def count_over_ranks(workload: Workload, model: torch.nn.Module, shape: Shape, c
         mine, error = count_step(workload, model, shape, ctx, train, seed), ""
     except Exception as err:  # an op with no fake kernel, a value read in Python: no count, said why
         mine, error = StepFlops(0), f"{type(err).__name__}: {(str(err).strip() or '?').splitlines()[0]}"
-    total = torch.tensor([mine.flops, 1 if error else 0], dtype=torch.int64)
+    total = torch.tensor([mine.flops, 1 if error else 0, mine.recomputed], dtype=torch.int64)
     dist.all_reduce(total, group=group)
     reports: list[Any] = [None] * dist.get_world_size(group)
     dist.all_gather_object(reports, (mine.uncounted, error), group=group)
     uncounted = tuple(sorted({op for ops, _ in reports for op in ops}))
     if total[1].item():
         return Counted(None, uncounted, next(e for _, e in reports if e))
-    return Counted(int(total[0].item()), uncounted)
+    return Counted(int(total[0].item()), uncounted, recomputed=int(total[2].item()))
 
 
 @dataclass(frozen=True)
 class Efficiency:
     """A point's hardware figures: `model_tflop` the whole step over all ranks, `tflops_per_rank` the
     achieved rate of one rank (its share over the step's median walltime), `mfu` that rate over the
-    device's dense peak (None when the peak is unknown)."""
+    device's dense peak (None when the peak is unknown); `hardware_tflop` and `hfu` the same with a
+    checkpointed forward's recomputation counted (equal to the model's figures without one)."""
 
     model_tflop: float
     tflops_per_rank: float | None
     mfu: float | None
+    hardware_tflop: float | None = None
+    hfu: float | None = None
 
 
-def efficiency(flops: int, ranks: int, walltime_ms: float | None, peak_tflops: float | None) -> Efficiency:
-    """Achieved TFLOP/s per rank and MFU from the counted FLOPs of a step and its median walltime."""
-    tflop = flops / 1e12
+def efficiency(flops: int, ranks: int, walltime_ms: float | None, peak_tflops: float | None,
+               recomputed: int = 0) -> Efficiency:  # fmt: skip
+    """Achieved TFLOP/s per rank, MFU and HFU from the counted FLOPs of a step (`recomputed` of them
+    a checkpointed forward's recomputation) and its median walltime."""
+    model, hardware = (flops - recomputed) / 1e12, flops / 1e12
     if not walltime_ms:
-        return Efficiency(tflop, None, None)
-    per_rank = tflop / ranks / (walltime_ms / 1e3)
-    return Efficiency(tflop, per_rank, per_rank / peak_tflops if peak_tflops else None)
+        return Efficiency(model, None, None, hardware)
+    per_rank = model / ranks / (walltime_ms / 1e3)
+    hfu = hardware / ranks / (walltime_ms / 1e3) / peak_tflops if peak_tflops else None
+    return Efficiency(model, per_rank, per_rank / peak_tflops if peak_tflops else None, hardware, hfu)
 
 
 def with_efficiency(result: PointResult, counted: Counted | None, ranks: int,
@@ -262,5 +283,5 @@ def with_efficiency(result: PointResult, counted: Counted | None, ranks: int,
     """A measured point with its model FLOPs, achieved TFLOP/s per rank and MFU, where counted."""
     if counted is None or counted.flops is None or result.status != "ok":
         return result
-    figures = efficiency(counted.flops, ranks, result.walltime_ms, peak_tflops)
+    figures = efficiency(counted.flops, ranks, result.walltime_ms, peak_tflops, counted.recomputed)
     return replace(result, **asdict(figures), flops_uncounted=" ".join(counted.uncounted))

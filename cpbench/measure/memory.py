@@ -1,8 +1,10 @@
-"""Peak memory of one rank, reset per point: CUDA allocator stats, or the CPU process's peak RSS; and
+"""Peak memory of one rank, reset per point: CUDA allocator stats, or the CPU process's peak resident
+set less its file-backed pages; and
 the CUDA caching allocator's settings (`memory.alloc_conf`), set before CUDA starts and recorded."""
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import os
 from dataclasses import dataclass
@@ -33,16 +35,24 @@ def reset_peak(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     else:
+        ctypes.CDLL(None).malloc_trim(
+            0
+        )  # free heap pages back first: what the last point left is not this one's
         _CLEAR_REFS.write_text("5")  # resets VmHWM to the current resident set
 
 
 def read_peak_gib(device: torch.device) -> float:
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / GIB
-    for line in _STATUS.read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 2**20  # kB
-    raise RuntimeError("VmHWM missing from /proc/self/status")
+    # Less the pages mapped from files: library code and data, shared with every process and paged in
+    # on an op's first use (about 20 MB over a fold step's first run), which a GPU's count of tensors
+    # leaves out too. What is left is the memory the process allocated (heap, tensors, stacks).
+    fields = dict(line.split(":", 1) for line in _STATUS.read_text().splitlines() if ":" in line)
+    return (_kib(fields["VmHWM"]) - _kib(fields["RssFile"])) / 2**20
+
+
+def _kib(value: str) -> int:
+    return int(value.split()[0])
 
 
 @dataclass(frozen=True)
@@ -51,7 +61,7 @@ class Peaks:
     by what it caches and fragments, and neither counts the CUDA context or NCCL's buffers: NVML's
     reading of the device does (every process on it)."""
 
-    gib: float  # `read_peak_gib`: CUDA max_memory_allocated (tensors); CPU VmHWM (the process)
+    gib: float  # `read_peak_gib`: CUDA max_memory_allocated (tensors); CPU VmHWM less RssFile
     reserved_gib: float | None = None  # CUDA max_memory_reserved: the allocator's segments
     device_used_gib: float | None = None  # CUDA: NVML's used memory of the device (None: unreadable)
 

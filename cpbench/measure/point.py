@@ -67,6 +67,8 @@ class PointResult:
     model_tflop: float | None = None  # the step's counted FLOPs over all ranks (measure/flops.py)
     tflops_per_rank: float | None = None
     mfu: float | None = None
+    hardware_tflop: float | None = None  # model_tflop plus a checkpointed forward's recomputation
+    hfu: float | None = None  # mfu of hardware_tflop
     flops_uncounted: str = ""  # ops outside aten the counter could not see into
     checksum: float | None = None  # float64 sum of the first step's output over all ranks
     loss: float | None = None  # native training: the first step's loss (the sum of the ranks' shares)

@@ -106,6 +106,25 @@ def _confirm(cfg: SearchConfig, trials: list[Trial], cap: int | None) -> Proposa
     return None if n >= fail.n else Proposal(n, True)
 
 
+def _guided_ramp(cfg: SearchConfig, trials: list[Trial], best: Trial, ramp: int) -> Proposal | None:
+    """Short of the ramp's next N where the memory model puts the edge below it: a step past the
+    edge is the search's dearest (at twice the N, a quadratic peak and a cubic step time). At the
+    crossing, or past the last fit by the granularity, doubled for each further guided fit in a row, so
+    that a model that keeps reading low does not creep up by small steps."""
+    model = peak_model(trials) if cfg.guided and cfg.budget_gib else None
+    crossing = _crossing(model, cfg.budget_gib, 0, ramp) if model is not None else None
+    if crossing is None:
+        return None
+    streak = 0
+    for trial in sorted((t for t in trials if not t.point), key=lambda t: t.n, reverse=True):
+        if not (trial.guided and trial.fits):
+            break
+        streak += 1
+    step = max(cfg.granularity, cfg.multiple) * 2 ** max(streak - 1, 0)
+    n = max(align_down(crossing, cfg.multiple), align_up(best.n + step, cfg.multiple))
+    return Proposal(n, True) if best.n < n < ramp and n not in {t.n for t in trials} else None
+
+
 def next_trial(cfg: SearchConfig, trials: list[Trial]) -> Proposal | None:
     """The next N to try, or None when the search is done."""
     m = cfg.multiple
@@ -123,7 +142,9 @@ def next_trial(cfg: SearchConfig, trials: list[Trial]) -> Proposal | None:
         n = max(align_up(best.n * cfg.factor, m), best.n + m, max(m, align_down(cfg.start, m)))
         if cap is not None:
             n = min(n, cap)
-        return None if n <= best.n or n in tried else Proposal(n, False)
+        if n <= best.n or n in tried:
+            return None
+        return _guided_ramp(cfg, trials, best, n) or Proposal(n, False)
     if best is None:  # the start failed: search downwards
         n = align_down(fail.n / cfg.factor, m)
         return None if n < m or n in tried else Proposal(n, False)

@@ -95,7 +95,7 @@ class RankSession:
         cap = MemoryCap(budget and budget.gib, budget and budget.baseline_gib, budget and budget.held_gib)
         timing, peak = comm_timing(ctx.device, point_settings), DevicePeak(**self.peak.as_json())
         meta = replace(found, seed=settings.seed, memory=cap, alloc_conf=alloc_conf(), comm_timing=timing,
-                       peak=peak)  # fmt: skip
+                       peak=peak, workload=metadata.workload_settings(settings))  # fmt: skip
         run_record.start(self.folder, meta, tuple(what_changed), restarted)
         self.mllog.submission(
             meta, self.workload_name, settings.workflow.value, ctx.topology.cp, settings.seed

@@ -85,6 +85,11 @@ def device_model(device: torch.device) -> str:
     return cpu_model()
 
 
+def workload_settings(settings: BenchConfig) -> dict[str, Any]:
+    """The workload's settings as plain containers (a model's options included), for run.json."""
+    return OmegaConf.to_container(OmegaConf.create(settings.workload), resolve=True)
+
+
 def workload_labels(settings: BenchConfig, name: str) -> tuple[str, str]:
     """The workload's preset and the first 8 hex digits of a sha256 of its resolved settings (sorted
     keys), which tell two presets, or one preset with other sizes, apart. The preset is the setting

@@ -73,6 +73,8 @@ class RunMetadata:
     alloc_conf: str | None = None  # the CUDA caching allocator's settings the ranks ran with
     commit: str | None = None
     peak: DevicePeak | None = None  # its own entry in run.json; the efficiency section says it
+    # The workload's settings as the run used them (a model's options included): its own entry in run.json.
+    workload: dict[str, Any] | None = None
 
     @property
     def is_oversubscribed(self) -> bool:
@@ -92,12 +94,13 @@ class RunMetadata:
             if f.name == "memory" and value is not None:
                 items += [("budget_gib", value.budget_gib), ("baseline_gib", value.baseline_gib)]
                 items += [("held_gib", value.held_gib)] if value.held_gib is not None else []
-            elif f.name not in ("memory", "peak") and value is not None:
+            elif f.name not in ("memory", "peak", "workload") and value is not None:
                 items.append((f.name, value))
         return items
 
     def to_json(self) -> dict[str, Any]:
-        return {**dict(self.recorded()), **({"peak": asdict(self.peak)} if self.peak else {})}
+        own = {"peak": asdict(self.peak)} if self.peak else {}
+        return {**dict(self.recorded()), **own, **({"workload": self.workload} if self.workload else {})}
 
     @classmethod
     def from_json(cls, raw: dict[str, Any]) -> RunMetadata:

@@ -54,6 +54,10 @@ class ResultRow:
     model_tflop: float | None = None
     tflops_per_rank: float | None = None
     mfu: float | None = None
+    # The same with a forward recomputed in the backward (activation checkpointing) counted again: what
+    # the hardware ran (HFU). Equal to model_tflop and mfu without recomputation.
+    hardware_tflop: float | None = None
+    hfu: float | None = None
     flops_uncounted: str = ""
     # probe.predict: the fake-tensor estimate of peak_mem_gib (the baseline included, as the measure)
     predicted_peak_gib: float | None = None

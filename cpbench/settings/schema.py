@@ -1,4 +1,5 @@
-"""Typed structured configs: every config key (README, Settings), so a bad override is rejected by name."""
+"""Typed structured configs: every config key, so a bad override is rejected by name. The comment beside
+each field is its description in docs/settings.md (python -m cpbench.settings.reference)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,8 @@ from cpbench.settings.slurm import SlurmConfig
 
 
 class Workflow(Enum):
-    inference = "inference"
-    training = "training"
+    inference = "inference"  # the forward (with sampling where the workload has it), no autograd
+    training = "training"  # forward, backward and the optimizer step, each phase timed
     # K training steps on a fresh batch each, loss and gradient norm per step (docs/convergence.md).
     convergence = "convergence"
 
@@ -32,30 +33,37 @@ class DType(Enum):
 
 @dataclass
 class TopologyConfig:
+    """How the CP ranks split the pair representation."""
+
     kind: str = "1d"  # "1d": CP ranks shard token rows; "2d": a rows x cols grid shards both pair axes
-    cp: int = 1
+    cp: int = 1  # the number of CP ranks, one device each
     grid: list[int] | None = None  # [rows, cols] for 2d; null: the squarest factorisation of cp
 
 
 @dataclass
 class ShapeConfig:
-    n_tokens: int = 256
+    """One input size: what a null `sweep.*` entry takes, the probe's atoms and MSA, and the one shape
+    of workflow=convergence."""
+
+    n_tokens: int = 256  # N_tokens
     n_atoms: int | None = None  # null: atoms_per_token * n_tokens
-    atoms_per_token: int = 9
-    msa_depth: int = 16
+    atoms_per_token: int = 9  # N_atoms per token where n_atoms is null (about 9 for protein crops)
+    msa_depth: int = 16  # MSA rows
 
 
 @dataclass
 class SweepConfig:
     """The walltime points: the product of these lists (null entries take `shape.*`)."""
 
-    n_tokens: list[int] = field(default_factory=lambda: [128, 256])
-    n_atoms: list[Any] = field(default_factory=lambda: [None])
-    msa_depth: list[Any] = field(default_factory=lambda: [None])
+    n_tokens: list[int] = field(default_factory=lambda: [128, 256])  # N_tokens of the points
+    n_atoms: list[Any] = field(default_factory=lambda: [None])  # N_atoms of the points
+    msa_depth: list[Any] = field(default_factory=lambda: [None])  # MSA depths of the points
 
 
 @dataclass
 class DataConfig:
+    """A real input instead of synthesized ones (docs/inputs.md)."""
+
     # A feature file (.npz or torch) or a complex (AlphaFold3 .json, Boltz .yaml) following docs/inputs.md;
     # it replaces the sweep with its one shape.
     path: str | None = None
@@ -64,11 +72,13 @@ class DataConfig:
 
 @dataclass
 class ProbeConfig:
-    enabled: bool = False
-    start: int = 512
-    factor: float = 2.0
-    granularity: int = 64
-    max_tokens: int | None = None
+    """The search for the largest N_tokens that fits (docs/probe.md)."""
+
+    enabled: bool = False  # run the probe after the walltime points
+    start: int = 512  # the ramp's first N
+    factor: float = 2.0  # the ramp multiplies N by this while steps fit (> 1)
+    granularity: int = 64  # bisection stops once the largest fit and the first failure are this close
+    max_tokens: int | None = None  # no N above this is tried; null: no cap
     measure_at_max: bool = True  # then the full walltime measurement at the largest N that fits
     guided: bool = True  # propose N from a fit of peak memory in N where it fits well
     # Estimate the per-rank peak on fake tensors first (docs/probe.md) and start the real steps at
@@ -88,12 +98,14 @@ class TimingConfig:
     timed repeats past `repeats` while their IQR is over `iqr_pct` % of the median (at most
     `repeats_max`). A cap equal to its floor fixes the count; accuracy mode always fixes both."""
 
-    warmup: int = 3
-    repeats: int = 5
-    warmup_max: int = 10
-    repeats_max: int = 10
+    warmup: int = 3  # discarded warm-up steps per point, at least (>= 1)
+    repeats: int = 5  # timed steps per point, at least
+    warmup_max: int = 10  # speed mode: warm-up steps at most
+    repeats_max: int = 10  # speed mode: timed steps at most
+    # speed mode: the warm-up goes on while one of the last 2 steps is over this % faster than the
+    # fastest step before them
     settle_pct: float = 5.0
-    iqr_pct: float = 10.0
+    iqr_pct: float = 10.0  # speed mode: more repeats while the IQR is over this % of the median
 
 
 @dataclass
@@ -122,10 +134,10 @@ class BudgetConfig:
 class ConvergenceConfig:
     """workflow=convergence: `steps` training steps at `shape.*`, a new batch per step from (seed, step)."""
 
-    steps: int = 100
+    steps: int = 100  # training steps in the curve
     # Curves equal within these (float64 compare of fp32 runs): reductions run in another order at cp>1.
     rtol: float = 1e-4
-    atol: float = 1e-6
+    atol: float = 1e-6  # the absolute tolerance beside rtol
     # A convergence.csv to compare against; null: the reference curve of this configuration under
     # docs/reference/, when there is one.
     reference: str | None = None
@@ -133,6 +145,8 @@ class ConvergenceConfig:
 
 @dataclass
 class CheckpointConfig:
+    """workflow=convergence: torch.distributed.checkpoint saves under output_dir/checkpoints/."""
+
     # Save model, optimizer, step and RNG state every this many convergence steps (0: never); a run
     # that finds a checkpoint in output_dir resumes from the last one.
     every: int = 0
@@ -140,6 +154,8 @@ class CheckpointConfig:
 
 @dataclass
 class MeasureConfig:
+    """What a point measures beside its walltime and peak memory (docs/measurement.md)."""
+
     # comm_ms from the torch profiler's communication events (any model's collectives, at the
     # profiler's overhead) instead of cpbench's ledger, which sees only cpbench.distributed.comm.
     profile_comm: bool = False
@@ -153,6 +169,8 @@ class MeasureConfig:
 
 @dataclass
 class MemoryConfig:
+    """The per-rank memory cap a step must fit under (docs/probe.md, "Budgets")."""
+
     budget_gib: float | None = None  # per-rank cap; null: on a GPU the card less what a rank holds
     # On CPU with budget_gib null: the machine's RAM is no device memory worth probing to its end.
     cpu_budget_gib: float | None = 2.0
@@ -164,6 +182,8 @@ class MemoryConfig:
 
 @dataclass
 class DistConfig:
+    """The ranks' process group."""
+
     backend: str | None = None  # null: nccl with CUDA devices, gloo otherwise
     timeout_s: float = 300.0  # bounds every collective: a lone failing rank cannot hang its peers longer
     # After an out-of-memory error inside a step, how long a rank waits for its peers to agree before
@@ -176,6 +196,8 @@ class DistConfig:
 
 @dataclass
 class LaunchConfig:
+    """Ranks launched by cpbench itself (`python -m cpbench topology.cp=N`)."""
+
     # Relaunches of local ranks after a crash (a killed rank, a collective timeout); the run resumes.
     max_restarts: int = 3
 
@@ -184,7 +206,7 @@ class LaunchConfig:
 class FaultConfig:
     """Fault injection, for testing the never-hang guarantees; off unless `rank` is set."""
 
-    rank: int | None = None
+    rank: int | None = None  # the rank that fails; null: no fault
     at_n: int | None = None  # strike at N_tokens >= at_n
     where: str = "step"  # batch: before the step's first collective; step: between two collectives
     # oom: a real failing allocation; kill: SIGKILL; overrun (CPU): 1 GiB resident outside the cap,
@@ -198,12 +220,16 @@ class FaultConfig:
 
 @dataclass
 class OptimConfig:
-    lr: float = 1e-4
-    weight_decay: float = 0.0
+    """The AdamW step of native training (a foldcp module steps its own optimizer)."""
+
+    lr: float = 1e-4  # learning rate
+    weight_decay: float = 0.0  # AdamW's decoupled weight decay
 
 
 @dataclass
 class LogConfig:
+    """What a run prints and logs (output_dir/logs/)."""
+
     all_ranks: bool = False  # ranks other than 0 stay quiet unless set
     progress: bool = True  # the progress bar on rank 0
     heartbeat_s: float | None = 30.0  # rank 0 says what it measures this often (null: never)
@@ -211,14 +237,18 @@ class LogConfig:
 
 @dataclass
 class BenchConfig:
+    # The model benchmarked: a config group (configs/workload/), or any class with the three hooks
+    # (workload._target_=pkg.mod.Class, docs/adapters.md).
     workload: Any = MISSING
     # The label of the workload's rows (`preset`): empty takes the config-group choice (workload=...).
     workload_preset: str = ""
-    workflow: Workflow = Workflow.inference
-    mode: Mode = Mode.speed
+    workflow: Workflow = Workflow.inference  # what one step is
+    mode: Mode = Mode.speed  # how a point is measured (docs/measurement.md, "Modes")
     # >= 2: the configuration's points run this many times in all (this run, then the rest as short
     # sub-runs without the probe), and the spread of each figure is recorded (run.json, the report).
     repeat_check: int = 0
+    # The run's precision, given to the workload (ctx.dtype); fold and pairformer run bfloat16 as
+    # autocast over float32 weights, and refuse float16.
     dtype: DType = DType.float32
     # torch.set_float32_matmul_precision for every rank: highest (torch's default), high (TF32 on
     # GPUs), medium (bf16 passes); float32 matmuls only, a knob of experiment plans.
@@ -243,12 +273,13 @@ class BenchConfig:
     log: LogConfig = field(default_factory=LogConfig)
     # A plan of knob experiments (configs/experiment/, docs/experiments.md); null: one plain run.
     experiment: Any = None
-    seed: int = 0
+    seed: int = 0  # every random choice (weights, inputs) derives from it
     # Measure the same workload at cp=1 under the same per-rank budget beside a CP run, cached by
     # config in output_dir/baseline/ (cpbench/app/baseline.py).
     baseline: bool = True
     # The real job the benchmark stands for: a YAML of cpbench settings, for the what-changed table.
     job: str | None = None
+    # The one folder a run writes to (configs/config.yaml: cpbench_out, or $CPBENCH_OUTPUT_DIR).
     output_dir: str = MISSING
 
 

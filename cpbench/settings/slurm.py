@@ -8,18 +8,20 @@ from typing import Any
 
 @dataclass
 class SlurmConfig:
+    """Submit the run as one SLURM job through submitit, sized from `topology.cp` (docs/cluster.md)."""
+
     enabled: bool = False  # submit this run to SLURM (one job, one task per rank) instead of running here
     # submitit executor: "slurm", or "local" (submitit's local executor: the same job on this machine)
     cluster: str = "slurm"
-    partition: str | None = None
-    account: str | None = None
-    qos: str | None = None
-    constraint: str | None = None
+    partition: str | None = None  # sbatch --partition
+    account: str | None = None  # sbatch --account
+    qos: str | None = None  # sbatch --qos
+    constraint: str | None = None  # sbatch --constraint
     time_min: int = 60  # the job's time limit; on timeout or preemption it requeues and resumes
     gpus_per_node: int = 8  # GPUs on one node; 0: CPU ranks (gloo)
     ranks_per_node: int | None = None  # most ranks on one node; null: gpus_per_node (CPU: all on one)
-    cpus_per_task: int | None = None
-    mem_gb: float | None = None
+    cpus_per_task: int | None = None  # sbatch --cpus-per-task
+    mem_gb: float | None = None  # sbatch --mem: memory per node, in GB
     exclusive: bool = True  # the job has its nodes to itself: jobs sharing a node would time each other
     max_requeues: int = 3  # requeues after a timeout (preemptions requeue without limit)
     signal_delay_s: int = 120  # the warning signal comes this long before the time limit

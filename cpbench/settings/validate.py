@@ -10,6 +10,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from cpbench.core import ConfigError, Topology
 from cpbench.settings.schema import BenchConfig, Workflow
+from cpbench.settings.workload_config import workload_settings
 
 __all__ = ["ConfigError", "to_settings", "validate"]
 
@@ -18,10 +19,13 @@ MATMUL_PRECISIONS = ("highest", "high", "medium")  # torch.set_float32_matmul_pr
 
 def to_settings(cfg: DictConfig) -> BenchConfig:
     """The run's settings as typed objects, made once; everything below reads these. The workload's
-    preset is Hydra's choice for the group (`workload=fold_small`), which the ranks cannot look up."""
+    preset is Hydra's choice for the group (`workload=fold_small`), which the ranks cannot look up; a
+    `_target_` given alone takes only its own keys, and its class names it (settings/workload_config.py)."""
     settings = OmegaConf.to_object(cfg)
+    overrides = HydraConfig.get().overrides.task if HydraConfig.initialized() else []
+    settings.workload, label = workload_settings(settings.workload, overrides)
     if not settings.workload_preset and HydraConfig.initialized():
-        settings.workload_preset = HydraConfig.get().runtime.choices.get("workload") or ""
+        settings.workload_preset = label or HydraConfig.get().runtime.choices.get("workload") or ""
     return settings
 
 

@@ -26,7 +26,9 @@ class Workload(Protocol):
     `columns(train) -> dict` (settings results.csv records in each of its rows), `check_topology(
     topology)` (refuse a topology before any rank starts), `counts_comm` (True when every collective
     goes through cpbench.distributed.comm, so comm_ms is complete), `real_job` (a sequence of
-    `RealSetting` and `Limitation`: the job the benchmark stands for, for the what-changed table)."""
+    `RealSetting` and `Limitation`: the job the benchmark stands for, for the what-changed table),
+    `takes_inputs` (True when build_batch reads the user's feature file, `cpbench.inputs.fold_inputs(
+    shape, ctx)`; without it data.path is refused, not ignored)."""
 
     name: str
 

@@ -76,6 +76,7 @@ class PairformerWorkload:
         RealSetting(AF3_PAIRFORMER, "model sizes", SIZES_WHY, setting="workload=pairformer (AF3's sizes)"),
     )
     counts_comm = True  # every collective goes through cpbench.distributed.comm
+    takes_inputs = True  # its batch is the input's features (fold_inputs): data.path is read
 
     def __init__(
         self,

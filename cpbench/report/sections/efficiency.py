@@ -37,6 +37,26 @@ def peak_sentence(metas: Sequence[RunMetadata]) -> str:
     return "; ".join(parts) + "."
 
 
+def recompute_sentence(ok: pd.DataFrame) -> list[str]:
+    """Where a checkpointed forward ran again in the backward: its hardware FLOPs and HFU, beside the
+    model FLOPs and MFU of the table (docs/measurement.md)."""
+    if "hardware_tflop" not in ok.columns:
+        return []
+    again = ok[ok["hardware_tflop"] > ok["model_tflop"] * (1 + 1e-9)]
+    parts = [
+        f"cp={r.cp} N={r.N_tokens}: {r.hardware_tflop:.4g} TFLOP, {r.hardware_tflop / r.model_tflop:.2f}x "
+        "the model's" + (f", HFU {r.hfu:.3g}" if pd.notna(r.hfu) else "")
+        for r in again.itertuples()
+    ]
+    if not parts:
+        return []
+    ran = "; ".join(parts)
+    return [
+        "The model recomputes forward ops in its backward (activation checkpointing): the hardware ran "
+        f"more FLOPs than the model FLOPs and MFU below count ({ran})."
+    ]
+
+
 def scaling(frame: pd.DataFrame, shared: bool) -> pd.DataFrame:
     """At each size measured at both cp and cp=1: the walltime ratio cp=1 / cp, over cp when every
     rank has its own device (strong-scaling efficiency), as it is when they share one (speed-up)."""
@@ -62,7 +82,7 @@ def lines(frame: pd.DataFrame, metas: Mapping[str, RunMetadata]) -> list[str]:
     chosen = [meta for name, meta in metas.items() if name in runs] or list(metas.values())
     shared = shares_machine(chosen)
     named = "speed-up vs cp=1 (shared cores)" if shared else "strong-scaling efficiency"
-    out = ["", "### Hardware efficiency", "", peak_sentence(chosen)]
+    out = ["", "### Hardware efficiency", "", peak_sentence(chosen), *recompute_sentence(ok)]
     if shared:
         out.append(
             "The ranks share this machine's cores, so cp ranks bring no more compute than one: the CP "

@@ -74,7 +74,7 @@ def _comm_sentences(frame: pd.DataFrame) -> list[str]:
             "Time in collectives is not known at "
             + ", ".join(f"cp={cp}" for cp in unseen)
             + ": the model's collectives bypass cpbench's ledger (`measure.profile_comm=true` measures "
-            "them with the torch profiler)."
+            "them with the torch profiler, at the overhead docs/measurement.md gives)."
         ]
         if unseen
         else []
