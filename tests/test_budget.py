@@ -67,6 +67,17 @@ def test_a_coarser_probe_granularity_is_the_last_cut():
     assert verdict.probe_steps == len(coarse)
 
 
+def test_a_step_that_reads_below_its_baseline_predicts_no_peak_and_counts_one_ramp_step():
+    """A tiny step's peak can read below the baseline (start-up's high-water mark): scaled by N^2 its
+    negative share never reaches the cap, and the search ran to its 64-step guard (a plan of ~3e+37 min,
+    refused). No prediction instead: one ramp step, as with no cap."""
+    search = SearchConfig(start=64, granularity=64, budget_gib=1.0)
+    step = Step(n=16, seconds=1.0, peak_gib=0.199, baseline_gib=0.2)
+    assert [t.n for t in probe_trials(search, step)] == [64]
+    verdict = fit_budget(Plan(_points(16), 1, 2, search, measure_at_max=False), step, 600, min_repeats=2)
+    assert verdict.refusal is None and verdict.probe_steps == 1
+
+
 def test_a_plan_that_cannot_fit_without_changing_the_job_is_refused():
     verdict = fit_budget(PLAN, STEP, minutes=1.5, min_repeats=3)  # the least plan needs 96 s
     assert verdict.plan.repeats == 3 and [s.n_tokens for s in verdict.plan.points] == [256]

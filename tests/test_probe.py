@@ -67,6 +67,31 @@ def test_probe_under_a_budget_finds_the_edge_and_measures_it(tmp_path, topology)
     assert f"| ok, OOM@{int(row['oom_at'])} |" in md
 
 
+def test_an_edge_whose_full_measurement_runs_out_is_no_fit_and_the_search_goes_on_below(tmp_path):
+    """A model whose steps each keep a copy of their output (tests/adapters/retaining.py): the probe's
+    one step at an N fits where the full measurement's three steps do not. That N's answer becomes
+    out of memory (one row per N in probe.csv, no fit above a failure), and the search goes on below
+    it until a full measurement fits: the max-fit row is an N measured whole."""
+    out = tmp_path / "out"
+    retaining = [
+        "workload=adapter",
+        "workload.module=adapters.retaining",
+        "workload.contract=native",
+        "topology.cp=2",
+    ]
+    proc = ok(cpbench(*retaining, *PROBE, "memory.cpu_budget_gib=0.13", f"output_dir={out}", cwd=tmp_path,
+                      timeout=300))  # fmt: skip
+    refuted = [int(n) for n in re.findall(r"the full measurement at N=(\d+) ran out of memory", proc.stderr)]
+    assert refuted, proc.stderr
+    row, trials = check_consistent(out)
+    by_n = trials.set_index("N_tokens")
+    assert not by_n.loc[refuted, "fits"].any() and set(by_n.loc[refuted, "status"]) == {"oom"}
+    frame = results(out)
+    points = frame[frame["kind"] == "point"].set_index("N_tokens")
+    assert set(points.loc[refuted, "status"]) == {"oom"}
+    assert points.loc[row["N_tokens"], "status"] == "ok" and row["N_tokens"] < min(refuted)
+
+
 FAULT = ["topology.cp=2", *PROBE, "memory.cpu_budget_gib=1", "probe.measure_at_max=false", "fault.rank=1",
          "fault.at_n=256"]  # fmt: skip
 

@@ -88,20 +88,23 @@ def step_seconds(step: Step, n: int) -> float:
 
 
 def _peak_gib(step: Step, n: int) -> float | None:
-    if step.peak_gib is None:
+    """The step's peak scaled to `n`; None where the step held nothing measurable over the baseline (a
+    tiny step can read below it: the baseline is start-up's high-water mark), which no scaling can grow."""
+    if step.peak_gib is None or step.peak_gib <= step.baseline_gib:
         return None
     return step.baseline_gib + (step.peak_gib - step.baseline_gib) * (n / step.n) ** 2
 
 
 def probe_trials(search: SearchConfig, step: Step) -> list[Trial]:
     """The trials the probe is expected to make: its own search, fed the peaks predicted from `step`.
-    With no memory cap and no max_tokens the search has no predicted end: one ramp step is counted."""
+    With no predicted end (no memory cap or no predicted peak, and no max_tokens) one ramp step is
+    counted."""
     trials: list[Trial] = []
     while (proposal := next_trial(search, trials)) is not None and len(trials) < 64:
         peak = _peak_gib(step, proposal.n)
         fits = search.budget_gib is None or peak is None or peak <= search.budget_gib
         trials.append(Trial(n=proposal.n, fits=fits, status="ok" if fits else "oom", peak_gib=peak))
-        if search.budget_gib is None and search.max_tokens is None:
+        if (search.budget_gib is None or peak is None) and search.max_tokens is None:
             break
     return trials
 

@@ -43,6 +43,12 @@ class Proposal:
     guided: bool
 
 
+def answered(trials: list[Trial], trial: Trial) -> list[Trial]:
+    """The trials with `trial` as its N's one answer: a later answer for an N replaces the earlier (the
+    full measurement at the probe's edge ran out of memory where its single step fit)."""
+    return [t for t in trials if t.n != trial.n] + [trial]
+
+
 def align_down(n: float, multiple: int) -> int:
     return int(n // multiple) * multiple
 

@@ -7,7 +7,7 @@ import dataclasses
 
 import pandas as pd
 
-from cpbench.probe.search import Trial
+from cpbench.probe.search import Trial, answered
 from cpbench.results.flight import Flight
 from cpbench.results.folder import RepeatedCrash, RunFolder
 
@@ -76,7 +76,8 @@ class ProbeState:
         self._save()
 
     def finish(self, trial: Trial) -> None:
-        self.trials.append(trial)
+        """`trial` is its N's answer, in place of any before it."""
+        self.trials = answered(self.trials, trial)
         self.flight = Flight()
         self._save()
 

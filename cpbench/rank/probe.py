@@ -15,7 +15,7 @@ from cpbench.core import Shape
 from cpbench.measure.point import PointResult, PointSettings
 from cpbench.probe.predict import Prediction
 from cpbench.probe.runner import max_fit_row, run_probe, search_config
-from cpbench.probe.search import SearchConfig, Trial
+from cpbench.probe.search import SearchConfig, Trial, answered
 from cpbench.probe.state import ProbeState
 from cpbench.rank.points import Measurer, predicted_gib
 from cpbench.rank.session import RankSession
@@ -94,7 +94,7 @@ def run_probe_phase(
             break
         LOG.warning("probe: the full measurement at N=%d ran out of memory: searching below it", best.n)
         trial = Trial(n=best.n, fits=False, status="oom", peak_gib=result.peak_mem_gib)
-        trials.append(trial)
+        trials[:] = answered(trials, trial)
         if state is not None:
             state.finish(trial)
     row = measurer.row(shape, "max-fit", settings.repeats, estimate)
