@@ -26,6 +26,19 @@ def test_the_estimate_scales_the_step_by_n_squared():
     assert estimate(PLAN, STEP) == (168.0, 0)
 
 
+def test_each_measured_point_and_the_edge_pay_a_flop_count():
+    """The count walks one pass of each repeated loop on fake tensors: about the same at every N, and
+    paid by every point and by the probe's full measurement at its edge, never by a probe step."""
+    counted = Step(n=64, seconds=1.0, count_s=2.5)
+    assert estimate(PLAN, counted) == (168.0 + 3 * 2.5, 0)
+    probe = Plan((), 1, 2, SearchConfig(start=64, granularity=64, max_tokens=128))  # steps at 64 and 128
+    assert estimate(probe, counted)[0] == estimate(probe, STEP)[0] + 2.5
+    assert fit_budget(PLAN, counted, 3, 3).summary(3, counted) == (
+        "plan: 3 point(s) x (3 warm-up + 5 repeats) x ~1 s at N=64 (x (N/64)^2) + ~2.5 s a FLOP count "
+        "= ~2.9 min, budget 3 min"
+    )
+
+
 def test_within_budget_nothing_is_cut():
     verdict = fit_budget(PLAN, STEP, minutes=3, min_repeats=3)
     assert verdict.plan == PLAN and verdict.cuts == () and verdict.refusal is None

@@ -14,7 +14,7 @@ from conftest import TESTS, TIMING, cpbench, ok, results
 from cpbench.core import Shape, Topology
 from cpbench.models.pairformer import chunking
 from cpbench.probe import predict
-from cpbench.report.peak_terms import fit
+from cpbench.report.peak_terms import edge_sentence, fit
 from cpbench.workloads.pairformer import PairformerWorkload
 
 # The numbers issue's band is [1.2, 1.5]. axial_mix meets it; fold_small's 1d layout still holds
@@ -38,6 +38,22 @@ def test_the_fit_recovers_known_terms_and_keeps_them_non_negative():
     bent = 0.01 + 4e-6 * n**2 - 3e-9 * n**3
     assert min(fit(n, bent).coefficients) >= 0
     assert fit(n[:2], peaks[:2]) is None  # two N cannot separate three terms
+
+
+def test_the_readout_says_how_much_of_cp1s_n2_memory_a_rank_still_holds():
+    """Peaks built from known coefficients: cp=2 keeps 0.69 of cp=1's N^2 term (half split, a fifth
+    of it held whole), which alone allows sqrt(1 / 0.69) = 1.20x N."""
+    n = np.array([32.0, 64.0, 128.0, 300.0])
+    rows = [
+        {"cp": cp, "topology": "1d", "N_tokens": x, "status": "ok", "peak_mem_gib": 0.25 + 0.012 + b * x**2,
+         "baseline_gib": 0.25}
+        for cp, b in ((1, 7.5e-7), (2, 0.69 * 7.5e-7)) for x in n
+    ]  # fmt: skip
+    fits = pd.DataFrame({"cp": [1, 2], "topology": ["1d", "1d"], "max_n": [337, 402]})
+    said = edge_sentence(pd.DataFrame(rows), fits)
+    assert (
+        "A rank's N^2 coefficient against cp=1's: 0.69x at cp=2 1d (1/cp = 0.50; it allows 1.20x N)" in said
+    )
 
 
 def test_the_trace_names_who_holds_the_peak_and_sums_to_it():

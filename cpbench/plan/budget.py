@@ -46,6 +46,9 @@ class Step:
     # What a measurement costs besides its steps (building the batch, agreeing, releasing memory),
     # paid once per point and once per probe step.
     overhead_s: float = 0.0
+    # The FLOP count of a measured point's shape (fake tensors, measure.count_flops): about the same at
+    # every N, as it walks one pass of each repeated loop; paid once per point and for the edge's.
+    count_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -64,6 +67,8 @@ class Verdict:
         points += f" x ~{step.seconds:.2g} s at N={step.n} (x (N/{step.n})^2)"
         if step.overhead_s:
             points += f" + ~{step.overhead_s:.2g} s a measurement"
+        if step.count_s:
+            points += f" + ~{step.count_s:.2g} s a FLOP count"
         probe = f" + probe ~{self.probe_steps} step(s)" if p.probe else ""
         budget = "no budget" if budget_minutes is None else f"budget {budget_minutes:g} min"
         return f"plan: {points}{probe} = ~{duration(self.seconds)}, {budget}"
@@ -112,14 +117,15 @@ def probe_trials(search: SearchConfig, step: Step) -> list[Trial]:
 def estimate(plan: Plan, step: Step) -> tuple[float, int]:
     """Seconds of the plan's steps, and the probe's expected step count."""
     per_point = plan.warmup + plan.repeats
-    seconds = sum(step.overhead_s + per_point * step_seconds(step, s.n_tokens) for s in plan.points)
+    measured = step.overhead_s + step.count_s  # a measured point's cost besides its steps
+    seconds = sum(measured + per_point * step_seconds(step, s.n_tokens) for s in plan.points)
     if plan.probe is None:
         return seconds, 0
     tried = probe_trials(plan.probe, step)
     seconds += sum(step.overhead_s + step_seconds(step, t.n) for t in tried)
     fits = [t.n for t in tried if t.fits]
     if plan.measure_at_max and fits:
-        seconds += step.overhead_s + per_point * step_seconds(step, max(fits))
+        seconds += measured + per_point * step_seconds(step, max(fits))
     return seconds, len(tried)
 
 

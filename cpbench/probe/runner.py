@@ -55,6 +55,7 @@ def run_probe(
             fits=result.status == "ok",
             status=result.status,
             peak_gib=result.peak_mem_gib,
+            peak_min_gib=result.peak_mem_min_gib,
             seconds=time.perf_counter() - t0,
             guided=proposal.guided,
             predicted_gib=predicted_at(proposal.n),
@@ -89,6 +90,7 @@ def max_fit_row(best: Trial | None, fail: Trial | None) -> dict[str, Any]:
     return {
         "status": "ok" if best else "oom",
         "peak_mem_gib": best.peak_gib if best else None,
+        "peak_mem_min_gib": best.peak_min_gib if best else None,
         "oom_at": fail.n if fail else None,
         "error": "" if best else f"nothing fits: N={fail.n} already does not",
     }

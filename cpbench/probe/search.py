@@ -18,11 +18,12 @@ class Trial:
     n: int
     fits: bool
     status: str  # ok | oom | crashed
-    peak_gib: float | None = None
+    peak_gib: float | None = None  # max over ranks
     seconds: float | None = None
     guided: bool = False  # proposed by the memory model rather than by the ramp or bisection
     point: bool = False  # a walltime point of the run at the probe's shape, not a probe step
     predicted_gib: float | None = None  # the fake-tensor estimate of peak_gib (probe.predict)
+    peak_min_gib: float | None = None  # min over ranks: with the max, how evenly the grid shares memory
 
 
 @dataclass(frozen=True)

@@ -85,8 +85,18 @@ class ProbeState:
         trials = [dataclasses.asdict(t) for t in self.trials]
         payload = {"config_hash": self.config_hash, "trials": trials, **self.flight.as_json()}
         self.folder.write_json(self.folder.probe_state, payload)
-        columns = ["n", "fits", "status", "peak_gib", "predicted_gib", "seconds", "guided", "point"]
-        frame = pd.DataFrame(trials, columns=columns).rename(
-            columns={"n": "N_tokens", "peak_gib": "max_peak_gib", "predicted_gib": "predicted_peak_gib"}
-        )
+        columns = [
+            "n",
+            "fits",
+            "status",
+            "peak_gib",
+            "peak_min_gib",
+            "predicted_gib",
+            "seconds",
+            "guided",
+            "point",
+        ]
+        names = {"n": "N_tokens", "peak_gib": "max_peak_gib", "peak_min_gib": "min_peak_gib",
+                 "predicted_gib": "predicted_peak_gib"}  # fmt: skip
+        frame = pd.DataFrame(trials, columns=columns).rename(columns=names)
         self.folder.write_text(self.folder.probe_csv, frame.to_csv(index=False))

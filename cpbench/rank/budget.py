@@ -24,10 +24,11 @@ from cpbench.settings.schema import ProbeConfig
 @dataclass(frozen=True)
 class Clock:
     """When the run's first timed step started (Unix time: a restart goes on from it), and a
-    measurement's cost besides its steps."""
+    measurement's costs besides its steps."""
 
     planned_at: float
     overhead_s: float
+    count_s: float = 0.0  # a point's FLOP count (plan/budget.py `Step`)
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,10 @@ def fit_plan(
     began = _first_planned_at(s) if restart else None
     s.heartbeat.now(f"budget: timing one step at N={first.n_tokens}")
     planned_at, timer = time.time(), time.perf_counter()  # when (the run's clock), and how long (monotonic)
+    if todo:  # the first point's FLOP count, which it needs anyway (once per shape): each point pays one
+        measurer.count(first)
+    count_s = s.broadcast(time.perf_counter() - timer)
+    timer = time.perf_counter()
     if s.lead and todo:  # the first point's own warm-up: a crash in it is that point's
         s.folder.in_flight.start(measurer.row(first, "point", settings.repeats, prediction).as_dict())
     result = measurer.step(first, replace(settings, warmup=1, repeats=1).fixed())
@@ -69,11 +74,14 @@ def fit_plan(
         LOG.warning("budget: the first step at N=%d did not fit: no estimate, the plan runs as set",
                     first.n_tokens)  # fmt: skip
         return as_set
-    clock = Clock(planned_at if began is None else began, max(0.0, took - 2 * result.walltime_ms / 1e3))
+    clock = Clock(
+        planned_at if began is None else began, max(0.0, took - 2 * result.walltime_ms / 1e3), count_s
+    )
     restart = 0 if began is None else restart  # no first plan recorded: this one is the first
     if restart:  # the budget left, in tenths of a minute as the plan line says it
         minutes = max(0.0, round(minutes - (planned_at - clock.planned_at) / 60, 1))
-    step = Step(first.n_tokens, result.walltime_ms / 1e3, result.peak_mem_gib, _baseline(s), clock.overhead_s)
+    step = Step(first.n_tokens, result.walltime_ms / 1e3, result.peak_mem_gib, _baseline(s), clock.overhead_s,
+                clock.count_s)  # fmt: skip
     plan = Plan(tuple(todo), settings.warmup, settings.repeats, search, probe.measure_at_max)
     verdict = s.broadcast(fit_budget(plan, step, minutes, budget.min_repeats) if s.lead else None)
     if s.lead:
@@ -149,9 +157,9 @@ def fit_probe(measurer: Measurer, plan: Trimmed, prediction: Prediction | None) 
     ps = plan.point_settings
     shape, result = largest
     left = _minutes(s) * 60 - (time.time() - plan.clock.planned_at)
-    step = Step(
-        shape.n_tokens, result.walltime_ms / 1e3, result.peak_mem_gib, _baseline(s), plan.clock.overhead_s
-    )
+    clock = plan.clock
+    step = Step(shape.n_tokens, result.walltime_ms / 1e3, result.peak_mem_gib, _baseline(s), clock.overhead_s,
+                clock.count_s)  # fmt: skip
     search = search_for(s, plan.probe, prediction)
     trial = Plan((), ps.warmup, ps.repeats, search, plan.probe.measure_at_max)
     verdict = s.broadcast(fit_budget(trial, step, max(left, 1.0) / 60, ps.repeats) if s.lead else None)

@@ -124,10 +124,12 @@ class Measurer:
         if s.lead:
             s.folder.in_flight.start(row.as_dict())
         s.heartbeat.now(f"N={shape.n_tokens}: {settings.warmup} warm-up and {settings.repeats} timed step(s)")
-        counted = self.count(shape)  # outside the timed steps: fake tensors, once per shape
         result = self.step(
             shape, replace(settings, warmup=max(0, settings.warmup - 2)) if warmed else settings
         )
+        # After the steps, so that what the count leaves resident (about 1 MiB a shape on CPU) is not
+        # in this point's peak, as it is in no probe step's: fake tensors, untimed, once per shape.
+        counted = self.count(shape) if result.status == "ok" else None
         result = with_efficiency(result, counted, s.ctx.world_size, s.peak.tflops)
         self.done.add(row.key)  # the probe's answer at a point's N reuses its row
         if result.status == "ok" and (self.largest is None or shape.n_tokens >= self.largest[0].n_tokens):

@@ -93,7 +93,8 @@ def run_probe_phase(
         if result is None or result.status != "oom":
             break
         LOG.warning("probe: the full measurement at N=%d ran out of memory: searching below it", best.n)
-        trial = Trial(n=best.n, fits=False, status="oom", peak_gib=result.peak_mem_gib)
+        trial = Trial(n=best.n, fits=False, status="oom", peak_gib=result.peak_mem_gib,
+                      peak_min_gib=result.peak_mem_min_gib)  # fmt: skip
         trials[:] = answered(trials, trial)
         if state is not None:
             state.finish(trial)
@@ -141,6 +142,7 @@ def _point_trials(session: RankSession) -> list[Trial]:
     for r in points[points["status"].isin(["ok", "oom"])].itertuples():
         n = int(r.N_tokens)
         if probe_shape(session, n) == Shape(n, int(r.N_atoms), int(r.MSA_depth)):
-            peak = None if pd.isna(r.peak_mem_gib) else float(r.peak_mem_gib)
-            trials[n] = Trial(n=n, fits=r.status == "ok", status=r.status, peak_gib=peak, point=True)
+            peak, least = (None if pd.isna(v) else float(v) for v in (r.peak_mem_gib, r.peak_mem_min_gib))
+            trials[n] = Trial(n=n, fits=r.status == "ok", status=r.status, peak_gib=peak, peak_min_gib=least,
+                              point=True)  # fmt: skip
     return sorted(trials.values(), key=lambda t: t.n)

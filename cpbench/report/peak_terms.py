@@ -62,12 +62,13 @@ def measured_peaks(frame: pd.DataFrame) -> pd.DataFrame:
 def edge_sentence(frame: pd.DataFrame, fits: pd.DataFrame) -> str:
     """Per topology at its max N, the term that holds the fitted peak, with every term's share."""
     peaks = measured_peaks(frame)
-    parts = []
+    parts, fitted = [], {}
     for r in fits.itertuples():
         own = peaks[(peaks["cp"] == r.cp) & (peaks["topology"] == r.topology)]
         terms = fit(own["N_tokens"].to_numpy(), own["over_gib"].to_numpy())
         if terms is None:
             continue
+        fitted[(r.cp, r.topology)] = terms
         shares = terms.shares(r.max_n)
         top = max(shares, key=shares.get)
         split = ", ".join(f"{term} {share:.0%}" for term, share in shares.items())
@@ -76,5 +77,29 @@ def edge_sentence(frame: pd.DataFrame, fits: pd.DataFrame) -> str:
         return ""
     return (
         "Peak over the start-up baseline fitted to a + b N^2 + c N^3 (measured peaks), the term that "
-        "holds it at the edge: " + "; ".join(parts) + "."
+        "holds it at the edge: " + "; ".join(parts) + "." + _split_sentence(fitted)
+    )
+
+
+def _split_sentence(fitted: dict[tuple[int, str], PeakTerms]) -> str:
+    """How much of cp=1's N^2 memory a rank still holds at each cp: 1/cp were every N^2 tensor split
+    across the ranks, more where a rank holds some whole (a gathered operand), and the growth in N
+    that coefficient alone allows, sqrt(b_1 / b_cp)."""
+    one = next((t for (cp, _), t in fitted.items() if cp == 1), None)
+    if one is None or not one.coefficients[1]:
+        return ""
+    parts = []
+    for (cp, topology), terms in sorted(fitted.items()):
+        b = terms.coefficients[1]
+        if cp == 1 or not b:
+            continue
+        ratio = b / one.coefficients[1]
+        parts.append(
+            f"{ratio:.2f}x at cp={cp} {topology} (1/cp = {1 / cp:.2f}; it allows {ratio**-0.5:.2f}x N)"
+        )
+    if not parts:
+        return ""
+    return (
+        " A rank's N^2 coefficient against cp=1's: " + "; ".join(parts) + ". Above 1/cp, part of the "
+        "N^2 memory is held whole on every rank."
     )

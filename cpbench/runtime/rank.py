@@ -74,6 +74,9 @@ def gpu_index(local_rank: int, local_world: int, visible: int) -> int:
     )
 
 
+FLIGHT_RECORDER = "TORCH_FR_BUFFER_SIZE"  # entries torch's flight recorder keeps per process group
+
+
 def threads_per_rank(cpu_threads: int | None, local_ranks: int) -> int:
     """A CPU rank's intra-op threads: `cpu_threads`, else this machine's cores over its ranks."""
     return cpu_threads or max(1, (os.cpu_count() or 1) // local_ranks)
@@ -102,6 +105,12 @@ def rank_runtime(
         device = torch.device("cpu")
         # Ranks on one machine share its cores; each takes its share or timings thrash.
         torch.set_num_threads(threads_per_rank(cpu_threads, local_world))
+        # torch's flight recorder keeps its last collectives (2,000 by default, each with its stack) in
+        # the rank's memory, which a CPU cap counts: at cp=2 the resident peak rose by 7.0 MiB over 30
+        # steps of fold_small at N=128 with it, and by 1.8 MiB without it (most in the first 3). A GPU
+        # run keeps it (host memory, outside the device's peak; the record of a hang); so does an
+        # environment that sets it.
+        os.environ.setdefault(FLIGHT_RECORDER, "0")
     kwargs = {"backend": backend, "timeout": timedelta(seconds=timeout_s)}
     if "MASTER_ADDR" not in os.environ:
         kwargs.update(store=dist.HashStore(), rank=rank, world_size=world_size)
