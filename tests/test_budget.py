@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from conftest import FAST, cpbench, ok, results, torchrun
 from test_what_changed import settings
 
 from cpbench.core import Shape
 from cpbench.launch.torchrun import SHARED_STORE
-from cpbench.plan.budget import Plan, Step, estimate, fit_budget, probe_trials
+from cpbench.plan.budget import Plan, Step, estimate, fit_budget, fixed_part, probe_trials
 from cpbench.probe.search import SearchConfig
 
 
@@ -89,6 +90,23 @@ def test_a_step_that_reads_below_its_baseline_predicts_no_peak_and_counts_one_ra
     assert [t.n for t in probe_trials(search, step)] == [64]
     verdict = fit_budget(Plan(_points(16), 1, 2, search, measure_at_max=False), step, 600, min_repeats=2)
     assert verdict.refusal is None and verdict.probe_steps == 1
+
+
+def test_the_points_peaks_keep_the_fixed_part_from_growing_with_n():
+    """fold_small's cp=1 points of one run (peak over the baseline, GiB): a + b N^2 through them has a
+    of about 10 MiB. Kept fixed, the N=128 step's peak puts the edge under 0.05 GiB at 192 (granularity
+    16); the whole peak scaled by N^2 put it at 176 (measured: 213 fits, 229 does not)."""
+    peaks = [(32, 0.0093), (64, 0.0160), (128, 0.0259)]
+    fixed = fixed_part(peaks)
+    assert fixed == pytest.approx(0.0099, abs=0.0005)
+    assert fixed_part(peaks[:1]) == 0.0  # one N cannot split it
+    assert fixed_part([(64, 0.02), (128, 0.01)]) == 0.0  # no growth: no split
+    search = SearchConfig(start=128, granularity=16, budget_gib=0.254 + 0.05)  # peaks are absolute
+    edge = {}
+    for kept in (0.0, fixed):
+        step = Step(n=128, seconds=1.0, peak_gib=0.254 + 0.0259, baseline_gib=0.254, fixed_gib=kept)
+        edge[kept] = max(t.n for t in probe_trials(search, step) if t.fits)
+    assert 160 <= edge[0.0] <= 180 and 190 <= edge[fixed] <= 215, edge
 
 
 def test_a_plan_that_cannot_fit_without_changing_the_job_is_refused():

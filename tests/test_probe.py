@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -91,6 +92,23 @@ def test_an_edge_whose_full_measurement_runs_out_is_no_fit_and_the_search_goes_o
     points = frame[frame["kind"] == "point"].set_index("N_tokens")
     assert set(points.loc[refuted, "status"]) == {"oom"}
     assert points.loc[row["N_tokens"], "status"] == "ok" and row["N_tokens"] < min(refuted)
+
+
+def test_a_point_stops_at_the_step_that_passes_the_budget_on_every_rank(tmp_path):
+    """The retaining model at N=512, cp=2: each rank holds its batch (33.5 MB), the output and one copy
+    per step, so step 2 peaks near 134 MB and step 3 near 168 MB against a 150 MB cap. Every rank
+    stops after step 3, where the cap is passed (the all-reduce that agrees on the step time says so),
+    not after the point's 6 steps; the point is out of memory with the rank's own peak."""
+    out, log = tmp_path / "out", tmp_path / "steps"
+    retaining = ["workload=adapter", "workload.module=adapters.retaining", "workload.contract=native"]
+    env = {**os.environ, "CPBENCH_TEST_STEP_LOG": str(log)}
+    steps = ["timing.warmup=1", "timing.warmup_max=1", "timing.repeats=5", "timing.repeats_max=5"]
+    ok(cpbench(*retaining, "topology.cp=2", "sweep.n_tokens=[512]", "probe.enabled=false", *steps,
+               "memory.cpu_budget_gib=0.14", f"output_dir={out}", cwd=tmp_path, env=env))  # fmt: skip
+    for rank in (0, 1):
+        assert Path(f"{log}.{rank}").read_text().split() == ["512"] * 3
+    point = results(out).iloc[0]
+    assert point["status"] == "oom" and "BudgetExceeded: peak" in point["error"], point["error"]
 
 
 FAULT = ["topology.cp=2", *PROBE, "memory.cpu_budget_gib=1", "probe.measure_at_max=false", "fault.rank=1",

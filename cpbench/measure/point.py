@@ -29,7 +29,7 @@ from cpbench.distributed.comm import LEDGER
 from cpbench.measure.budget import Budget
 from cpbench.measure.checksum import local_share
 from cpbench.measure.fault import Fault
-from cpbench.measure.memory import read_peaks, release, reset_peak
+from cpbench.measure.memory import read_peak_gib, read_peaks, release, reset_peak
 from cpbench.measure.oom import BudgetExceeded, describe, is_oom
 from cpbench.measure.stats import (
     PointTimes,
@@ -194,7 +194,10 @@ def measure_point(
 
     def steps() -> Any:
         with fault.in_step(ctx.rank, shape.n_tokens, ctx.device):
-            return _run_repeats(runner, batches, control, settings)
+            try:
+                return _run_repeats(runner, batches, control, settings)
+            except PeerOverBudget:  # the rank over it says so; this one stops with it
+                return None
 
     def note(failure: str) -> None:
         if failure:  # into every rank's log file, when it happens
@@ -314,9 +317,22 @@ class RankSteps:
     phases: list[dict[str, float]] = field(default_factory=list)
 
 
-def _slowest_ms(seconds: float, control: dist.ProcessGroup) -> float:
-    """The slowest rank's step time: what every rank decides on, so that all take the same steps."""
-    return _reduce([seconds * 1e3], control, dist.ReduceOp.MAX)[0]
+class PeerOverBudget(Exception):
+    """Another rank's peak went over the budget: this one stops stepping with it."""
+
+
+def _agree_after_step(seconds: float, control: dist.ProcessGroup, budget: Budget | None, device) -> float:
+    """The slowest rank's step time (ms): what every rank decides on, so that all take the same steps.
+    In the same all-reduce, whether any rank's peak is over the budget already: then every rank stops
+    here (the rank over it raises BudgetExceeded, its peers PeerOverBudget), rather than taking the
+    point's remaining steps to fail it at the end."""
+    over = budget is not None and (peak := read_peak_gib(device) - budget.baseline_gib) > budget.gib
+    slowest, anyone = _reduce([seconds * 1e3, float(over)], control, dist.ReduceOp.MAX)
+    if over:
+        raise BudgetExceeded(f"peak {peak:.3f} GiB over the baseline exceeds {budget.gib} GiB")
+    if anyone:
+        raise PeerOverBudget
+    return slowest
 
 
 @dataclass
@@ -350,7 +366,7 @@ def _warm_up(
         out = None
         seconds.append(p.total)
         if adaptive:
-            agreed.append(_slowest_ms(p.total, control))
+            agreed.append(_agree_after_step(p.total, control, settings.budget, runner.device))
         if len(seconds) >= settings.warmup and (not adaptive or settled(agreed, settings.settle_pct)):
             break
     return seconds
@@ -370,7 +386,8 @@ def _run_repeats(runner: StepRunner, batches: _Batches, control, settings: Point
             say(f"timed step {len(timings) + 1} of {settings.repeats}" + (f" to {most}" if adaptive else ""))
             out = batch = None  # the last output and batch are freed before the next, as in a real run
             batch = batches.next()  # built outside the timer
-            dist.barrier(group=control)  # start together; the barrier is outside the timed region
+            # Start together (outside the timed region), stopping first if a step so far went over the budget.
+            _agree_after_step(0.0, control, settings.budget, runner.device)
             comm_before = LEDGER.total_seconds
             with torch.profiler.record_function(_STEP_EVENT):
                 out, p = runner(batch)
@@ -379,7 +396,7 @@ def _run_repeats(runner: StepRunner, batches: _Batches, control, settings: Point
             timings.append(RepeatTiming(p.total, p.forward, p.backward, p.optimizer, comm))
             named.append(p.named)
             if adaptive:
-                agreed.append(_slowest_ms(p.total, control))
+                agreed.append(_agree_after_step(p.total, control, settings.budget, runner.device))
             if len(timings) >= settings.repeats and (
                 not adaptive or not spread_wide(agreed, settings.iqr_pct)
             ):

@@ -9,11 +9,20 @@ from dataclasses import dataclass, replace
 
 from cpbench.core import Shape
 from cpbench.measure.point import PointSettings
-from cpbench.plan.budget import Plan, Step, Verdict, budget_minutes, duration, estimate, fit_budget
+from cpbench.plan.budget import (
+    Plan,
+    Step,
+    Verdict,
+    budget_minutes,
+    duration,
+    estimate,
+    fit_budget,
+    fixed_part,
+)
 from cpbench.plan.changes import budget_rows
 from cpbench.probe.predict import Prediction
 from cpbench.rank.points import Measurer
-from cpbench.rank.probe import probe_shape, search_for
+from cpbench.rank.probe import point_trials, probe_shape, search_for
 from cpbench.rank.session import RankSession
 from cpbench.record import run_record
 from cpbench.record.run_record import TimeBudget
@@ -38,7 +47,7 @@ class Trimmed:
     points: list[Shape]
     point_settings: PointSettings
     probe: ProbeConfig
-    warmed: bool  # the first point's first two warm-up steps ran (the budget's timed step)
+    warmed: Shape | None  # the point whose first two warm-up steps ran (the budget's timed step)
     clock: Clock | None  # None: no budget, or no estimate
 
 
@@ -46,33 +55,35 @@ def fit_plan(
     measurer: Measurer, todo: list[Shape], settings: PointSettings, prediction: Prediction | None,
     restart: int = 0,
 ) -> Trimmed | None:  # fmt: skip
-    """Time one step (the first point's second warm-up step: the first carries one-off costs),
-    estimate the plan from it and trim it to budget.minutes. None: refused, nothing runs.
+    """Time one step (the largest point's second warm-up step: the first carries one-off costs; the
+    largest, as its time and peak are the nearest to the probe's), estimate the plan from it and trim
+    it to budget.minutes. None: refused, nothing runs.
     The budget is the run's: a restart (`restart` > 0) whose run recorded its first plan fits what is
     left to the budget left since that plan's timed step, and runs it trimmed to the least even when
     over it, as the probe does: the run has begun, and its report is owed what it can still measure."""
     s = measurer.session
     probe, budget = s.settings.probe, s.settings.budget
     search = search_for(s, probe, prediction) if probe.enabled else None
-    first = todo[0] if todo else (probe_shape(s, search.start) if search else None)
-    as_set = Trimmed(todo, settings, probe, False, None)
+    largest = max(todo, key=lambda shape: shape.n_tokens) if todo else None
+    timed = largest or (probe_shape(s, search.start) if search else None)
+    as_set = Trimmed(todo, settings, probe, None, None)
     minutes = _minutes(s)
-    if minutes is None or first is None:
+    if minutes is None or timed is None:
         return as_set
     began = _first_planned_at(s) if restart else None
-    s.heartbeat.now(f"budget: timing one step at N={first.n_tokens}")
+    s.heartbeat.now(f"budget: timing one step at N={timed.n_tokens}")
     planned_at, timer = time.time(), time.perf_counter()  # when (the run's clock), and how long (monotonic)
-    if todo:  # the first point's FLOP count, which it needs anyway (once per shape): each point pays one
-        measurer.count(first)
+    if todo:  # the largest point's FLOP count, which it needs anyway (once per shape): each point pays one
+        measurer.count(timed)
     count_s = s.broadcast(time.perf_counter() - timer)
     timer = time.perf_counter()
-    if s.lead and todo:  # the first point's own warm-up: a crash in it is that point's
-        s.folder.in_flight.start(measurer.row(first, "point", settings.repeats, prediction).as_dict())
-    result = measurer.step(first, replace(settings, warmup=1, repeats=1).fixed())
+    if s.lead and todo:  # the largest point's own warm-up: a crash in it is that point's
+        s.folder.in_flight.start(measurer.row(timed, "point", settings.repeats, prediction).as_dict())
+    result = measurer.step(timed, replace(settings, warmup=1, repeats=1).fixed())
     took = s.broadcast(time.perf_counter() - timer)  # rank 0's, on every rank
     if result.status != "ok":
-        LOG.warning("budget: the first step at N=%d did not fit: no estimate, the plan runs as set",
-                    first.n_tokens)  # fmt: skip
+        LOG.warning("budget: the timed step at N=%d did not fit: no estimate, the plan runs as set",
+                    timed.n_tokens)  # fmt: skip
         return as_set
     clock = Clock(
         planned_at if began is None else began, max(0.0, took - 2 * result.walltime_ms / 1e3), count_s
@@ -80,7 +91,7 @@ def fit_plan(
     restart = 0 if began is None else restart  # no first plan recorded: this one is the first
     if restart:  # the budget left, in tenths of a minute as the plan line says it
         minutes = max(0.0, round(minutes - (planned_at - clock.planned_at) / 60, 1))
-    step = Step(first.n_tokens, result.walltime_ms / 1e3, result.peak_mem_gib, _baseline(s), clock.overhead_s,
+    step = Step(timed.n_tokens, result.walltime_ms / 1e3, result.peak_mem_gib, _baseline(s), clock.overhead_s,
                 clock.count_s)  # fmt: skip
     plan = Plan(tuple(todo), settings.warmup, settings.repeats, search, probe.measure_at_max)
     verdict = s.broadcast(fit_budget(plan, step, minutes, budget.min_repeats) if s.lead else None)
@@ -95,7 +106,7 @@ def fit_plan(
         probe = replace(probe, granularity=trimmed.probe.granularity)
     points = list(trimmed.points)
     # Shapes compare by value: every rank reaches the same answer from rank 0's broadcast verdict.
-    warmed = bool(points) and points[0] == first
+    warmed = timed if timed in points else None
     return Trimmed(points, replace(settings, repeats=trimmed.repeats), probe, warmed, clock)
 
 
@@ -149,7 +160,8 @@ def _record_plan(
 
 def fit_probe(measurer: Measurer, plan: Trimmed, prediction: Prediction | None) -> ProbeConfig:
     """Before the probe, its estimate again from the largest point measured (its step and peak are
-    nearer the probe's N than the first step's) against the budget left: a coarser granularity when
+    nearer the probe's N than the first step's; the points' peaks tell the fixed part of the peak from
+    the part that grows) against the budget left: a coarser granularity when
     that fits it; else a warning, and the probe runs as trimmed (the points are measured)."""
     s, largest = measurer.session, measurer.largest
     if plan.clock is None or largest is None:
@@ -158,8 +170,10 @@ def fit_probe(measurer: Measurer, plan: Trimmed, prediction: Prediction | None) 
     shape, result = largest
     left = _minutes(s) * 60 - (time.time() - plan.clock.planned_at)
     clock = plan.clock
-    step = Step(shape.n_tokens, result.walltime_ms / 1e3, result.peak_mem_gib, _baseline(s), clock.overhead_s,
-                clock.count_s)  # fmt: skip
+    baseline = _baseline(s)
+    peaks = [(t.n, t.peak_gib - baseline) for t in point_trials(s) if t.fits and t.peak_gib] if s.lead else []
+    step = Step(shape.n_tokens, result.walltime_ms / 1e3, result.peak_mem_gib, baseline, clock.overhead_s,
+                clock.count_s, fixed_part(peaks))  # fmt: skip
     search = search_for(s, plan.probe, prediction)
     trial = Plan((), ps.warmup, ps.repeats, search, plan.probe.measure_at_max)
     verdict = s.broadcast(fit_budget(trial, step, max(left, 1.0) / 60, ps.repeats) if s.lead else None)
@@ -169,7 +183,8 @@ def fit_probe(measurer: Measurer, plan: Trimmed, prediction: Prediction | None) 
     line = (
         f"before the probe: ~{verdict.probe_steps} step(s) and its measurement at the largest fit "
         f"= ~{duration(verdict.seconds)} (x (N/{step.n})^2 from N={step.n}: {step.seconds:.2g} s a "
-        f"step), {duration(max(left, 0.0))} of the budget left"
+        f"step{f'; {step.fixed_gib * 1024:.0f} MiB of its peak fixed' if step.fixed_gib else ''}), "
+        f"{duration(max(left, 0.0))} of the budget left"
     )
     LOG.info("budget: %s", line)
     for cut in verdict.cuts:

@@ -157,9 +157,10 @@ class Measurer:
 
 def measure_points(
     measurer: Measurer, todo: list[Shape], settings: PointSettings, prediction: Prediction | None,
-    warmed: bool,
+    warmed: Shape | None,
 ) -> None:  # fmt: skip
-    """The walltime points phase, with a progress bar on rank 0."""
+    """The walltime points phase, with a progress bar on rank 0; `warmed`: the point whose first two
+    warm-up steps ran (the budget's timed step)."""
     s = measurer.session
     LOG.info(
         "%s %s on %s cp=%d: %d point(s) to measure -> %s", s.workload_name, s.settings.workflow.value,
@@ -169,8 +170,8 @@ def measure_points(
     shown = s.lead and s.settings.log.progress
     with Progress(*columns, console=CONSOLE, disable=not shown, transient=True) as bar:
         task = bar.add_task("points", total=len(todo))
-        for i, shape in enumerate(todo):
-            measurer.measure(shape, settings, prediction, warmed=i == 0 and warmed)
+        for shape in todo:
+            measurer.measure(shape, settings, prediction, warmed=shape == warmed)
             bar.advance(task)
 
 

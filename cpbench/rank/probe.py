@@ -51,7 +51,7 @@ def run_probe_phase(
     # peaks start the ramp and the memory model.
     if state is not None:
         tried = {t.n for t in state.trials}
-        state.add_points([t for t in _point_trials(s) if t.n not in tried])
+        state.add_points([t for t in point_trials(s) if t.n not in tried])
     trials = list(s.broadcast(state.trials if state else None))
     estimate = prediction
 
@@ -130,7 +130,7 @@ def _calibrated(
     return calibrated
 
 
-def _point_trials(session: RankSession) -> list[Trial]:
+def point_trials(session: RankSession) -> list[Trial]:
     """This configuration's walltime points that fit or ran out of memory, at the probe's shapes."""
     frame = session.folder.read_results()
     if frame.empty:
