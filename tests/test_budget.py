@@ -155,9 +155,11 @@ def test_bad_budget_settings_are_one_line_each():
         assert str(err.value) == says
 
 
-# The fold-cp-style test adapter kills rank 1 once when its batch at N=32 is built (CPBENCH_TEST_KILL_ONCE).
+# The fold-cp-style test adapter kills rank 1 once when its batch at N=32 is built (CPBENCH_TEST_KILL_ONCE):
+# in the second point, after the plan (whose timed step is the largest point's, N=48).
 KILLED_AT_32 = ["workload=adapter", "workload.module=adapters.fold_cp_style", "workload.contract=native",
-                *FAST, "topology.cp=2", "sweep.n_tokens=[16,32]"]  # fmt: skip
+                *FAST, "topology.cp=2", "sweep.n_tokens=[16,32,48]"]  # fmt: skip
+MEASURED = [(16, "ok"), (32, "ok"), (48, "ok")]
 
 
 def test_a_restart_goes_on_with_the_runs_budget_and_runs_what_is_left_trimmed(tmp_path):
@@ -168,16 +170,19 @@ def test_a_restart_goes_on_with_the_runs_budget_and_runs_what_is_left_trimmed(tm
     proc = ok(cpbench(*KILLED_AT_32, "budget.minutes=0.1", "output_dir=out", cwd=tmp_path, env=kill))
     assert "relaunching, the run resumes (restart 1 of 3)" in proc.stderr
     out = tmp_path / "out"
+    # Trimmed to the least: of N=32 (in flight when rank 1 died) and 48, the smaller is cut.
     assert list(zip(results(out)["N_tokens"], results(out)["status"], strict=True)) == [
         (16, "ok"),
-        (32, "ok"),
+        (48, "ok"),
     ]
     planned = json.loads((out / "run.json").read_text())["time_budget"]
-    assert planned["line"].startswith("plan: 2 point(s) x (1 warm-up + 2 repeats)")
+    assert planned["line"].startswith("plan: 3 point(s) x (1 warm-up + 2 repeats)")
     assert planned["line"].endswith("budget 0.1 min") and planned["refusal"] is None
     [again] = planned["restarts"]
-    assert again.startswith("restart 1, 0 min of the budget left: plan: 1 point(s) x (1 warm-up + 2 repeats)")
-    assert again.endswith("budget 0 min; over it even so: it runs as trimmed")
+    assert again.startswith("restart 1, 0 min of the budget left: plan: 2 point(s) x (1 warm-up + 2 repeats)")
+    assert "; trimmed to 1 point(s)" in again and again.endswith(
+        "budget 0 min; over it even so: it runs as trimmed"
+    )
     assert "what is left is over the budget left even trimmed; it runs as trimmed" in proc.stderr
     assert planned["took_s"] > 7  # from the first plan's timed step, the killed ranks' time included
     report = (out / "cp_benchmark.md").read_text()
@@ -203,11 +208,8 @@ def test_torchruns_restart_goes_on_with_the_runs_budget(tmp_path):
     assert SHARED_STORE not in proc.stderr
     out = tmp_path / "out"
     assert (tmp_path / "killed").exists()
-    assert list(zip(results(out)["N_tokens"], results(out)["status"], strict=True)) == [
-        (16, "ok"),
-        (32, "ok"),
-    ]
+    assert list(zip(results(out)["N_tokens"], results(out)["status"], strict=True)) == MEASURED
     planned = json.loads((out / "run.json").read_text())["time_budget"]
-    assert planned["line"].startswith("plan: 2 point(s) x (1 warm-up + 2 repeats)")
+    assert planned["line"].startswith("plan: 3 point(s) x (1 warm-up + 2 repeats)")
     [again] = planned["restarts"]
-    assert again.startswith("restart 1, ") and "min of the budget left: plan: 1 point(s)" in again
+    assert again.startswith("restart 1, ") and "min of the budget left: plan: 2 point(s)" in again
