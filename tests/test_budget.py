@@ -109,6 +109,17 @@ def test_the_points_peaks_keep_the_fixed_part_from_growing_with_n():
     assert 160 <= edge[0.0] <= 180 and 190 <= edge[fixed] <= 215, edge
 
 
+def test_the_report_sets_what_the_plan_took_against_its_estimate():
+    from cpbench.record.run_record import TimeBudget
+    from cpbench.report.sections.time_budget import lines
+
+    budget = TimeBudget("plan: 3 point(s) ... = ~1 min, budget 8 min", took_s=84.8, estimate_s=60.2)
+    assert lines(budget)[3] == (
+        "plan: 3 point(s) ... = ~1 min, budget 8 min; it took 1.4 min (its timed step included): 85 s "
+        "against ~60 s estimated (-29%)."
+    )
+
+
 def test_a_plan_that_cannot_fit_without_changing_the_job_is_refused():
     verdict = fit_budget(PLAN, STEP, minutes=1.5, min_repeats=3)  # the least plan needs 96 s
     assert verdict.plan.repeats == 3 and [s.n_tokens for s in verdict.plan.points] == [256]

@@ -152,7 +152,9 @@ def _record_plan(
     if restart and planned is not None:
         planned = replace(planned, cuts=planned.cuts + tuple(cuts), restarts=(*planned.restarts, line))
     else:
-        planned = TimeBudget(line, tuple(cuts), verdict.refusal, planned_at=clock.planned_at)
+        planned = TimeBudget(
+            line, tuple(cuts), verdict.refusal, planned_at=clock.planned_at, estimate_s=verdict.seconds
+        )
     run_record.update(
         session.folder, what_changed=record.what_changed + tuple(budget_rows(cuts)), time_budget=planned
     )

@@ -137,6 +137,7 @@ class TimeBudget:
     refusal: str | None = None
     probe_line: str | None = None  # the estimate again before the probe
     took_s: float | None = None  # what the planned work took, against the estimate
+    estimate_s: float | None = None  # the first plan's estimate of the work it runs (trimmed), seconds
     # When the timed step started (Unix time): the budget is the run's, and a restart's plan for what
     # is left counts from here.
     planned_at: float | None = None
