@@ -26,7 +26,7 @@ def test_the_published_report_has_every_plot_and_its_command():
     text = (DOCS / "cp_benchmark.md").read_text()
     for plot in ("cp_benchmark_max_n.png", "cp_benchmark_walltime.png", "cp_benchmark_mfu.png"):
         assert f"]({plot})" in text and (DOCS / plot).exists(), plot
-    assert re.search(r"Measured with `python -m cpbench -m [^`]*topology\.cp=", text)
+    assert re.search(r"Measured with `python -m cpbench[^`]*` from a fresh clone at [0-9a-f]{7}", text)
 
 
 def test_the_readme_links_the_published_results():
