@@ -26,7 +26,7 @@ def one_line_exit_2(proc) -> str:
 
 
 def test_a_cp_run_whose_baseline_writes_no_rows_compares_its_curve(tmp_path):
-    """Item 1: a convergence run at cp=2 with its default baseline (the README's example, shortened, at
+    """Item 1: a convergence run at cp=2 with its default baseline (docs/convergence.md's example, at
     an N with no published curve): the baseline's curve has no result rows; the run ends 0 with its
     curve compared with the baseline's."""
     out = tmp_path / "out"

@@ -1,5 +1,6 @@
-"""A results row, declared once: the columns of results.csv in the order of the contract (README),
-which of them are labels (read back as text, whatever they look like) and the resume key of a point.
+"""A results row, declared once: the columns of results.csv in the order of the contract
+(docs/measurement.md), which of them are labels (read back as text, whatever they look like) and the
+resume key of a point.
 A new column is one field here."""
 
 from __future__ import annotations
