@@ -85,7 +85,8 @@ def test_update_replaces_one_section_and_keeps_the_rest(tmp_path):
     }
     assert raw["what_changed"] == [{**OLD_RUN_JSON["what_changed"][0], "limitation": False, "scale": None}]
     assert raw["time_budget"] == {
-        **OLD_RUN_JSON["time_budget"], "probe_line": None, "took_s": None, "planned_at": None, "restarts": []
+        **OLD_RUN_JSON["time_budget"], "probe_line": None, "took_s": None, "estimate_s": None,
+        "planned_at": None, "restarts": [],
     }  # fmt: skip
     assert "a_key_no_longer_written" not in raw  # the record writes only what it knows
     assert [p.name for p in folder.root.iterdir() if p.name.startswith(".")] == []  # no temporary left
