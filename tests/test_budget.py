@@ -4,6 +4,7 @@ budget; and one run through `python -m cpbench` that cannot fit and so runs noth
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 from conftest import FAST, cpbench, ok, results, torchrun
@@ -11,8 +12,10 @@ from test_what_changed import settings
 
 from cpbench.core import Shape
 from cpbench.launch.torchrun import SHARED_STORE
-from cpbench.plan.budget import Plan, Step, estimate, fit_budget, fixed_part, probe_trials
-from cpbench.probe.search import SearchConfig
+from cpbench.measure.budget import CPU_CREEP_GIB, Budget
+from cpbench.measure.point import PointSettings
+from cpbench.plan.budget import Plan, Step, estimate, fit_budget, fixed_part, probe_trials, step_seconds
+from cpbench.probe.search import SearchConfig, Trial
 
 
 def _points(*ns: int) -> tuple[Shape, ...]:
@@ -107,6 +110,45 @@ def test_the_points_peaks_keep_the_fixed_part_from_growing_with_n():
         step = Step(n=128, seconds=1.0, peak_gib=0.254 + 0.0259, baseline_gib=0.254, fixed_gib=kept)
         edge[kept] = max(t.n for t in probe_trials(search, step) if t.fits)
     assert 160 <= edge[0.0] <= 180 and 190 <= edge[fixed] <= 215, edge
+
+
+def test_the_probe_is_counted_from_the_walltime_points_it_starts_from():
+    """The probe takes the walltime points at its shape as its first trials: they guide its first steps
+    (a quadratic through three peaks), and none is stepped again. Counted without them, the search
+    stepped its start N and bisected blind: fold_small's cp=2 probe planned 7 steps and took 2."""
+    search = SearchConfig(start=128, granularity=16, budget_gib=0.254 + 0.05)
+    step = Step(n=128, seconds=1.0, peak_gib=0.254 + 0.0259, baseline_gib=0.254, fixed_gib=0.0099)
+    seeds = tuple(Trial(n, fits=True, status="ok", point=True) for n in (32, 64, 128))  # to be measured
+    seeded, blind = probe_trials(search, step, seeds), probe_trials(search, step)
+    assert not {t.n for t in seeded} & {32, 64, 128} and 128 in {t.n for t in blind}
+    assert len(seeded) < len(blind)
+    plan = Plan((), 3, 5, search, measure_at_max=False, probe_seeds=seeds)
+    assert estimate(plan, step) == (sum(step_seconds(step, t.n) for t in seeded), len(seeded))
+    # A point the budget drops is no trial of the probe's either.
+    trimmed = fit_budget(replace(plan, points=_points(32, 64, 128)), step, 0.05, min_repeats=5)
+    assert [s.n_tokens for s in trimmed.plan.points] == [128]
+    assert [t.n for t in trimmed.plan.probe_seeds] == [128]
+    # Measured points start it from their own peaks: concave through three small N (as fold_small's
+    # are), the quadratic guide finds no edge below the ramp's next N, which the probe then steps.
+    measured = tuple(
+        Trial(n, fits=True, status="ok", peak_gib=0.254 + p, point=True)
+        for n, p in ((32, 0.0093), (64, 0.0160), (128, 0.0259))
+    )
+    assert probe_trials(search, step, measured)[0].n == 256
+
+
+def test_a_probe_step_on_cpu_leaves_the_cap_room_for_a_full_measurements_later_steps():
+    """A probe step stands for its N's full measurement, whose later steps add up to ~2 MiB of resident
+    memory on CPU: it is held to the cap less that, and says so; a GPU's cap stays whole."""
+    cpu = PointSettings(budget=Budget(0.05, 0.25))
+    one = cpu.single_step().budget
+    assert one.gib == pytest.approx(0.05 - CPU_CREEP_GIB) and cpu.budget.gib == 0.05
+    assert one.over(0.049) == (
+        "peak 0.049 GiB over the baseline exceeds 0.048 GiB (the 0.05 GiB cap less 2 MiB a full "
+        "measurement adds)"
+    )
+    gpu = Budget(70.0, 0.5, held_gib=1.2)
+    assert gpu.for_one_step() == gpu and gpu.over(70.5) == "peak 70.500 GiB over the baseline exceeds 70 GiB"
 
 
 def test_the_report_sets_what_the_plan_took_against_its_estimate():

@@ -28,8 +28,8 @@ FOLD_LOOPS = [*LOOPS, "workload.n_cycles=3", "workload.sampling.steps=3", "workl
 def test_the_extrapolated_count_is_the_whole_steps(
     name: str, overrides: list[str], ranks: tuple, train: bool
 ):
-    """On ranks of a 1d cp=2, at N=16: `count_step` (extrapolated) against `_count` of the run's own
-    model (every pass and chunk walked), total and per op. fold_small on rank 1 alone, the slab away
+    """On ranks of a 1d cp=2, at N=16: the corners' count (`counted_forms`) against `_count` of the run's
+    own model (every pass and chunk walked), total and per op. fold_small on rank 1 alone, the slab away
     from the origin: its 16 counts (one per corner) and the whole walk take about 30 s a rank here."""
     workload, _ = builtin(name, *overrides)
     loops = workload.flop_loops(train)
@@ -39,7 +39,7 @@ def test_the_extrapolated_count_is_the_whole_steps(
         with _fake_rank(Topology.from_config("1d", 2, None), rank, torch.float32, 0) as ctx:
             model = workload.build_model(ctx)
             whole = flops._count(workload, model, shape, ctx, train, seed=0)
-            extrapolated = flops.count_step(workload, workload.build_model(ctx), shape, ctx, train, seed=0)
+            extrapolated = flops.counted_forms(workload, flops.corners(loops), shape, ctx, train, seed=0)
         assert whole.flops > 0
         assert (extrapolated.flops, extrapolated.by_op) == (whole.flops, whole.by_op)
 
@@ -63,3 +63,21 @@ def test_corners_weigh_a_count_affine_in_each_loop_exactly():
         {k: v for group in groups for k, v in group.items()}
     )
     assert flops.corners(({"n_blocks": 2},)) == [({}, 1)]
+
+
+def test_a_step_whose_corners_walk_longer_is_counted_once_in_its_own_form():
+    """fold_small's loops (4 sampling steps, the rest at 1 or 2): its two corner forms walk 16 loop
+    passes, the step itself 13, so it is counted once, in its own form (chunk loops one chunk), and
+    the count is the same; AF3's fold counts stay extrapolated."""
+    small, _ = builtin("fold_small")
+    loops = small.flop_loops(False)
+    assert flops._passes(loops, {}) == 1 + 2 * 2 + 2 * 1 * 4 and len(flops.corners(loops)) == 2
+    assert flops.forms_to_count(loops) == [({}, 1)]
+    fold, _ = builtin("fold")
+    for train in (False, True):
+        assert flops.forms_to_count(fold.flop_loops(train)) == flops.corners(fold.flop_loops(train))
+    shape = Shape(32, 32 * 9, 4)
+    with _fake_rank(Topology.from_config("1d", 2, None), 1, torch.float32, 0) as ctx:
+        once = flops.count_step(small, small.build_model(ctx), shape, ctx, False, seed=0)
+        at_corners = flops.counted_forms(small, flops.corners(loops), shape, ctx, False, seed=0)
+    assert once.flops > 0 and (once.flops, once.by_op) == (at_corners.flops, at_corners.by_op)

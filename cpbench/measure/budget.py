@@ -10,7 +10,7 @@ import re
 import resource
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -24,6 +24,12 @@ _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc mallopt parameters
 # (reserved, untouched and freed-but-mapped pages count in one, not the other): the fit is judged on
 # the measured resident peak, the figure a row reports, and the backstop stays out of its way.
 BACKSTOP_FACTOR, BACKSTOP_GIB = 2.0, 0.25
+# CPU: what a full measurement's later steps add to its first step's resident peak (allocations of gloo
+# and of Python that outlive a step). fold_small at cp=2: a probe step at N=266 peaked 1.6 MiB under a
+# 0.05 GiB cap and its full measurement then went over it on rank 1; over 30 steps at N=128 the peak
+# rose 1.8 MiB. A single step that stands for a full measurement (a probe step) is held to the cap
+# less this; a GPU's caching allocator repeats its peak step after step.
+CPU_CREEP_GIB = 2 / 1024
 
 
 def _status_bytes(field: str) -> int:
@@ -51,6 +57,18 @@ class Budget:
     # CUDA: what the device held when the cap was set (the CUDA context, NCCL's buffers, tensors and
     # anything else on the card), which the card's memory less it leaves for the rank; None on CPU.
     held_gib: float | None = None
+    note: str = ""  # how `gib` was derived from the cap, when it is not the cap itself
+
+    def over(self, peak_over_gib: float) -> str:
+        """What a BudgetExceeded says."""
+        return f"peak {peak_over_gib:.3f} GiB over the baseline exceeds {self.gib:.3g} GiB{self.note}"
+
+    def for_one_step(self) -> Budget:
+        """The cap for a single step that stands for a full measurement: on CPU less CPU_CREEP_GIB."""
+        if self.held_gib is not None:
+            return self
+        note = f" (the {self.gib:g} GiB cap less {CPU_CREEP_GIB * 1024:g} MiB a full measurement adds)"
+        return replace(self, gib=self.gib - CPU_CREEP_GIB, note=note)
 
 
 def cap_rank(memory: MemoryConfig, device: torch.device) -> Budget | None:

@@ -160,7 +160,9 @@ class PointSettings:
     progress: Callable[[str], None] | None = None  # told which step is under way, for a progress line
 
     def single_step(self) -> PointSettings:
-        return replace(self, warmup=0, repeats=1, warmup_max=0, repeats_max=1)
+        """One step that stands for a full measurement (a probe step), held to the cap it leaves."""
+        budget = self.budget.for_one_step() if self.budget else None
+        return replace(self, warmup=0, repeats=1, warmup_max=0, repeats_max=1, budget=budget)
 
     def fixed(self) -> PointSettings:
         """Exactly `warmup` and `repeats` steps: runs to be compared take the same steps."""
@@ -218,11 +220,7 @@ def measure_point(
     peaks = read_peaks(ctx.device)  # before `release`: the allocator still holds its peak's segments
     peak_local = peaks.gib
     if not failure and budget is not None and peak_local - budget.baseline_gib > budget.gib:
-        failure = describe(
-            BudgetExceeded(
-                f"peak {peak_local - budget.baseline_gib:.3f} GiB over the baseline exceeds {budget.gib} GiB"
-            )
-        )
+        failure = describe(BudgetExceeded(budget.over(peak_local - budget.baseline_gib)))
     batches = None
     if built:
         note(failure)  # in a step, or over the budget
@@ -329,7 +327,7 @@ def _agree_after_step(seconds: float, control: dist.ProcessGroup, budget: Budget
     over = budget is not None and (peak := read_peak_gib(device) - budget.baseline_gib) > budget.gib
     slowest, anyone = _reduce([seconds * 1e3, float(over)], control, dist.ReduceOp.MAX)
     if over:
-        raise BudgetExceeded(f"peak {peak:.3f} GiB over the baseline exceeds {budget.gib} GiB")
+        raise BudgetExceeded(budget.over(peak))
     if anyone:
         raise PeerOverBudget
     return slowest

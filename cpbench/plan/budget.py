@@ -35,6 +35,9 @@ class Plan:
     repeats: int
     probe: SearchConfig | None = None
     measure_at_max: bool = True  # the probe's full measurement at the largest N that fits
+    # The run's walltime points at the probe's shape, measured (with their peaks) or to be (peak None:
+    # predicted): the probe starts from their answers, which guide its first steps, and steps none again.
+    probe_seeds: tuple[Trial, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -75,6 +78,8 @@ class Verdict:
         if step.count_s:
             points += f" + ~{step.count_s:.2g} s a FLOP count"
         probe = f" + probe ~{self.probe_steps} step(s)" if p.probe else ""
+        if p.probe and step.fixed_gib >= 0.5 / 1024:
+            probe += f" ({step.fixed_gib * 1024:.0f} MiB of the peak fixed)"
         budget = "no budget" if budget_minutes is None else f"budget {budget_minutes:g} min"
         return f"plan: {points}{probe} = ~{duration(self.seconds)}, {budget}"
 
@@ -118,18 +123,25 @@ def fixed_part(peaks: list[tuple[int, float]]) -> float:
     return max(0.0, float(a)) if b > 0 else 0.0
 
 
-def probe_trials(search: SearchConfig, step: Step) -> list[Trial]:
-    """The trials the probe is expected to make: its own search, fed the peaks predicted from `step`.
-    With no predicted end (no memory cap or no predicted peak, and no max_tokens) one ramp step is
-    counted."""
-    trials: list[Trial] = []
-    while (proposal := next_trial(search, trials)) is not None and len(trials) < 64:
-        peak = _peak_gib(step, proposal.n)
-        fits = search.budget_gib is None or peak is None or peak <= search.budget_gib
-        trials.append(Trial(n=proposal.n, fits=fits, status="ok" if fits else "oom", peak_gib=peak))
-        if (search.budget_gib is None or peak is None) and search.max_tokens is None:
+def _predicted_trial(search: SearchConfig, step: Step, n: int, point: bool = False) -> Trial:
+    peak = _peak_gib(step, n)
+    fits = search.budget_gib is None or peak is None or peak <= search.budget_gib
+    return Trial(n=n, fits=fits, status="ok" if fits else "oom", peak_gib=peak, point=point)
+
+
+def probe_trials(search: SearchConfig, step: Step, seeds: tuple[Trial, ...] = ()) -> list[Trial]:
+    """The trials the probe is expected to step: its own search, fed the peaks predicted from `step`,
+    from the walltime points `seeds` (not stepped again). With no predicted end (no memory cap or no
+    predicted peak, and no max_tokens) one ramp step is counted."""
+    trials = [t if t.peak_gib is not None else _predicted_trial(search, step, t.n, point=True) for t in seeds]
+    stepped = 0
+    while (proposal := next_trial(search, trials)) is not None and stepped < 64:
+        trial = _predicted_trial(search, step, proposal.n)
+        trials.append(trial)
+        stepped += 1
+        if (search.budget_gib is None or trial.peak_gib is None) and search.max_tokens is None:
             break
-    return trials
+    return [t for t in trials if not t.point]
 
 
 def estimate(plan: Plan, step: Step) -> tuple[float, int]:
@@ -139,7 +151,7 @@ def estimate(plan: Plan, step: Step) -> tuple[float, int]:
     seconds = sum(measured + per_point * step_seconds(step, s.n_tokens) for s in plan.points)
     if plan.probe is None:
         return seconds, 0
-    tried = probe_trials(plan.probe, step)
+    tried = probe_trials(plan.probe, step, plan.probe_seeds)
     seconds += sum(step.overhead_s + step_seconds(step, t.n) for t in tried)
     fits = [t.n for t in tried if t.fits]
     if plan.measure_at_max and fits:
@@ -178,7 +190,8 @@ def fit_budget(plan: Plan, step: Step, minutes: float | None, min_repeats: int) 
     dropped: list[int] = []
     while not fits(trimmed) and (fewer := _drop_one(trimmed.points)) is not None:
         dropped += [s.n_tokens for s in trimmed.points if s not in fewer]
-        trimmed = replace(trimmed, points=fewer)
+        seeds = tuple(t for t in trimmed.probe_seeds if t.n not in dropped)
+        trimmed = replace(trimmed, points=fewer, probe_seeds=seeds)
     if dropped:
         kept = ", ".join(str(s.n_tokens) for s in trimmed.points)
         cuts.append(f"sweep points: N={', '.join(map(str, dropped))} dropped, N={kept} kept")

@@ -8,7 +8,7 @@ import time
 from dataclasses import dataclass, replace
 
 from cpbench.core import Shape
-from cpbench.measure.point import PointSettings
+from cpbench.measure.point import PointResult, PointSettings
 from cpbench.plan.budget import (
     Plan,
     Step,
@@ -21,6 +21,7 @@ from cpbench.plan.budget import (
 )
 from cpbench.plan.changes import budget_rows
 from cpbench.probe.predict import Prediction
+from cpbench.probe.search import Trial
 from cpbench.rank.points import Measurer
 from cpbench.rank.probe import point_trials, probe_shape, search_for
 from cpbench.rank.session import RankSession
@@ -88,12 +89,14 @@ def fit_plan(
     clock = Clock(
         planned_at if began is None else began, max(0.0, took - 2 * result.walltime_ms / 1e3), count_s
     )
+    fixed = _fixed_from_pilots(measurer, todo, timed, result, settings) if search else 0.0
     restart = 0 if began is None else restart  # no first plan recorded: this one is the first
     if restart:  # the budget left, in tenths of a minute as the plan line says it
         minutes = max(0.0, round(minutes - (planned_at - clock.planned_at) / 60, 1))
     step = Step(timed.n_tokens, result.walltime_ms / 1e3, result.peak_mem_gib, _baseline(s), clock.overhead_s,
-                clock.count_s)  # fmt: skip
-    plan = Plan(tuple(todo), settings.warmup, settings.repeats, search, probe.measure_at_max)
+                clock.count_s, fixed)  # fmt: skip
+    seeds = _probe_seeds(s, todo)
+    plan = Plan(tuple(todo), settings.warmup, settings.repeats, search, probe.measure_at_max, seeds)
     verdict = s.broadcast(fit_budget(plan, step, minutes, budget.min_repeats) if s.lead else None)
     if s.lead:
         _record_plan(s, plan, step, verdict, minutes, clock, restart)
@@ -108,6 +111,41 @@ def fit_plan(
     # Shapes compare by value: every rank reaches the same answer from rank 0's broadcast verdict.
     warmed = timed if timed in points else None
     return Trimmed(points, replace(settings, repeats=trimmed.repeats), probe, warmed, clock)
+
+
+def _fixed_from_pilots(
+    measurer: Measurer, todo: list[Shape], timed: Shape, result: PointResult, settings: PointSettings
+) -> float:
+    """The part of the peak that does not grow with N (`fixed_part`), which places the probe's predicted
+    edge: from the timed step's peak and one more step's at the next largest point, when the plan has
+    one and the run a memory cap. From the timed step alone the plan scaled all of its peak by N^2,
+    and put fold_small's edge near 177 where it was 215, so that it counted the probe short."""
+    s = measurer.session
+    smaller = sorted({shape.n_tokens: shape for shape in todo if shape.n_tokens < timed.n_tokens}.items())
+    if s.budget is None or not smaller or result.peak_mem_gib is None:
+        return 0.0
+    shape = smaller[-1][1]
+    pilot = measurer.step(shape, replace(settings, warmup=1, repeats=1).fixed())
+    if pilot.status != "ok" or pilot.peak_mem_gib is None:
+        return 0.0
+    baseline = _baseline(s)
+    peaks = [
+        (shape.n_tokens, pilot.peak_mem_gib - baseline),
+        (timed.n_tokens, result.peak_mem_gib - baseline),
+    ]
+    return s.broadcast(fixed_part(peaks))
+
+
+def _probe_seeds(session: RankSession, todo: list[Shape]) -> tuple[Trial, ...]:
+    """The points at the probe's shape, measured already or to be (peak unknown): its first trials."""
+    measured = point_trials(session) if session.lead else []
+    tried = {t.n for t in measured}
+    to_measure = [
+        Trial(shape.n_tokens, fits=True, status="ok", point=True)
+        for shape in todo
+        if shape == probe_shape(session, shape.n_tokens) and shape.n_tokens not in tried
+    ]
+    return (*measured, *to_measure)
 
 
 def _minutes(session: RankSession) -> float | None:
@@ -173,11 +211,12 @@ def fit_probe(measurer: Measurer, plan: Trimmed, prediction: Prediction | None) 
     left = _minutes(s) * 60 - (time.time() - plan.clock.planned_at)
     clock = plan.clock
     baseline = _baseline(s)
-    peaks = [(t.n, t.peak_gib - baseline) for t in point_trials(s) if t.fits and t.peak_gib] if s.lead else []
+    seeds = point_trials(s) if s.lead else []
+    peaks = [(t.n, t.peak_gib - baseline) for t in seeds if t.fits and t.peak_gib]
     step = Step(shape.n_tokens, result.walltime_ms / 1e3, result.peak_mem_gib, baseline, clock.overhead_s,
                 clock.count_s, fixed_part(peaks))  # fmt: skip
     search = search_for(s, plan.probe, prediction)
-    trial = Plan((), ps.warmup, ps.repeats, search, plan.probe.measure_at_max)
+    trial = Plan((), ps.warmup, ps.repeats, search, plan.probe.measure_at_max, tuple(seeds))
     verdict = s.broadcast(fit_budget(trial, step, max(left, 1.0) / 60, ps.repeats) if s.lead else None)
     probe = replace(plan.probe, granularity=verdict.plan.probe.granularity)
     if not s.lead:

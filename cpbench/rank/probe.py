@@ -31,8 +31,9 @@ def probe_shape(session: RankSession, n_tokens: int) -> Shape:
 
 
 def search_for(session: RankSession, probe: ProbeConfig, prediction: Prediction | None) -> SearchConfig:
-    """The probe's search. Peaks are absolute (the CPU baseline included): its limit is the cap."""
-    budget = session.budget
+    """The probe's search. Peaks are absolute (the CPU baseline included): its limit is the cap a probe
+    step is held to (`Budget.for_one_step`)."""
+    budget = session.budget.for_one_step() if session.budget else None
     limit = session.broadcast(budget.gib + budget.baseline_gib) if budget else None
     proposal = prediction.proposal if prediction else None
     return search_config(probe, session.ctx.topology, limit, proposal)
