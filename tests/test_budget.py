@@ -119,7 +119,8 @@ def test_the_probe_is_counted_from_the_walltime_points_it_starts_from():
     search = SearchConfig(start=128, granularity=16, budget_gib=0.254 + 0.05)
     step = Step(n=128, seconds=1.0, peak_gib=0.254 + 0.0259, baseline_gib=0.254, fixed_gib=0.0099)
     seeds = tuple(Trial(n, fits=True, status="ok", point=True) for n in (32, 64, 128))  # to be measured
-    seeded, blind = probe_trials(search, step, seeds), probe_trials(search, step)
+    seeded = [t for t in probe_trials(search, step, seeds) if not t.point]
+    blind = probe_trials(search, step)
     assert not {t.n for t in seeded} & {32, 64, 128} and 128 in {t.n for t in blind}
     assert len(seeded) < len(blind)
     plan = Plan((), 3, 5, search, measure_at_max=False, probe_seeds=seeds)
@@ -134,7 +135,13 @@ def test_the_probe_is_counted_from_the_walltime_points_it_starts_from():
         Trial(n, fits=True, status="ok", peak_gib=0.254 + p, point=True)
         for n, p in ((32, 0.0093), (64, 0.0160), (128, 0.0259))
     )
-    assert probe_trials(search, step, measured)[0].n == 256
+    assert probe_trials(search, step, measured)[3].n == 256
+    # An edge at a walltime point's N is measured already: the estimate counts no measurement there.
+    low = replace(search, budget_gib=0.254 + 0.0262)  # N=128 fits, 144 does not
+    at_point = Plan((), 3, 5, low, measure_at_max=True, probe_seeds=measured)
+    [over] = [t for t in probe_trials(low, step, measured) if not t.point]
+    assert (over.n, over.fits) == (144, False)
+    assert estimate(at_point, step) == (step_seconds(step, 144), 1)
 
 
 def test_a_probe_step_on_cpu_leaves_the_cap_room_for_a_full_measurements_later_steps():

@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from cpbench.core import Shape
-from cpbench.probe.search import SearchConfig, Trial, next_trial
+from cpbench.probe.search import SearchConfig, Trial, bounds, next_trial
 
 
 @dataclass(frozen=True)
@@ -130,9 +130,9 @@ def _predicted_trial(search: SearchConfig, step: Step, n: int, point: bool = Fal
 
 
 def probe_trials(search: SearchConfig, step: Step, seeds: tuple[Trial, ...] = ()) -> list[Trial]:
-    """The trials the probe is expected to step: its own search, fed the peaks predicted from `step`,
-    from the walltime points `seeds` (not stepped again). With no predicted end (no memory cap or no
-    predicted peak, and no max_tokens) one ramp step is counted."""
+    """The trials the probe is expected to step (`point` False), after the walltime points `seeds` it
+    starts from: its own search, fed the peaks predicted from `step`. With no predicted end (no memory
+    cap or no predicted peak, and no max_tokens) one ramp step is counted."""
     trials = [t if t.peak_gib is not None else _predicted_trial(search, step, t.n, point=True) for t in seeds]
     stepped = 0
     while (proposal := next_trial(search, trials)) is not None and stepped < 64:
@@ -141,7 +141,7 @@ def probe_trials(search: SearchConfig, step: Step, seeds: tuple[Trial, ...] = ()
         stepped += 1
         if (search.budget_gib is None or trial.peak_gib is None) and search.max_tokens is None:
             break
-    return [t for t in trials if not t.point]
+    return trials
 
 
 def estimate(plan: Plan, step: Step) -> tuple[float, int]:
@@ -151,12 +151,13 @@ def estimate(plan: Plan, step: Step) -> tuple[float, int]:
     seconds = sum(measured + per_point * step_seconds(step, s.n_tokens) for s in plan.points)
     if plan.probe is None:
         return seconds, 0
-    tried = probe_trials(plan.probe, step, plan.probe_seeds)
-    seconds += sum(step.overhead_s + step_seconds(step, t.n) for t in tried)
-    fits = [t.n for t in tried if t.fits]
-    if plan.measure_at_max and fits:
-        seconds += measured + per_point * step_seconds(step, max(fits))
-    return seconds, len(tried)
+    trials = probe_trials(plan.probe, step, plan.probe_seeds)
+    stepped = [t for t in trials if not t.point]
+    seconds += sum(step.overhead_s + step_seconds(step, t.n) for t in stepped)
+    best, _ = bounds(trials)
+    if plan.measure_at_max and best is not None and not best.point:  # a point's N is measured already
+        seconds += measured + per_point * step_seconds(step, best.n)
+    return seconds, len(stepped)
 
 
 def _drop_one(points: tuple[Shape, ...]) -> tuple[Shape, ...] | None:
