@@ -144,6 +144,20 @@ def test_oom_inside_the_step_restarts_and_resumes(tmp_path):
     assert time.monotonic() - start < 150
 
 
+def test_oom_alone_in_the_time_budgets_step_at_the_probes_start_is_the_probes_answer(tmp_path):
+    """With no walltime point left, the time budget times a step at the probe's start. Rank 1 runs out
+    alone in it: that N is recorded as not fitting, and the relaunched ranks time nothing there again
+    (before, they restarted into the same step forever) and search below it."""
+    out = tmp_path / "out"
+    proc = ok(cpbench(*FAULT, "fault.where=step", "sweep.n_tokens=[]", "probe.start=256", "budget.minutes=8",
+                      "launch.max_restarts=0", f"output_dir={out}", cwd=tmp_path, timeout=180))  # fmt: skip
+    row, trials = check_consistent(out)
+    assert (row["N_tokens"], row["oom_at"]) == (192, 256)
+    assert trials.set_index("N_tokens").loc[256, "status"] == "oom"
+    assert proc.stderr.count("out of memory alone") == 1
+    assert "the probe's start N=256 is known not to fit: no step timed" in proc.stderr
+
+
 def test_killed_job_resumes_without_rerunning_finished_n(tmp_path):
     """A 0.3 GiB cap: the probe's edge is near N=850 here, its steps a fraction of a second each (at
     1 GiB, near 1,650 and seconds each, for nothing more to see)."""

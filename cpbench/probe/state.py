@@ -69,6 +69,12 @@ class ProbeState:
         self.flight = self.flight.start(n, n == self.in_flight)
         self._save()
 
+    def land(self) -> None:
+        """The N in flight ended with no answer to record (the time budget's step at the probe's start,
+        which fit: the probe steps it under its own cap)."""
+        self.flight = Flight()
+        self._save()
+
     def add_points(self, trials: list[Trial]) -> None:
         """Walltime points the probe takes as trials (`point=True`), kept in probe.csv beside its own
         steps; the N in flight stays in flight."""

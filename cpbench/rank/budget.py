@@ -21,7 +21,8 @@ from cpbench.plan.budget import (
 )
 from cpbench.plan.changes import budget_rows
 from cpbench.probe.predict import Prediction
-from cpbench.probe.search import Trial
+from cpbench.probe.search import SearchConfig, Trial
+from cpbench.probe.state import ProbeState
 from cpbench.rank.points import Measurer
 from cpbench.rank.probe import point_trials, probe_shape, search_for
 from cpbench.rank.session import RankSession
@@ -66,9 +67,9 @@ def fit_plan(
     probe, budget = s.settings.probe, s.settings.budget
     search = search_for(s, probe, prediction) if probe.enabled else None
     largest = max(todo, key=lambda shape: shape.n_tokens) if todo else None
-    timed = largest or (probe_shape(s, search.start) if search else None)
     as_set = Trimmed(todo, settings, probe, None, None)
     minutes = _minutes(s)
+    timed = largest or (_probe_start(s, search) if search and minutes is not None else None)
     if minutes is None or timed is None:
         return as_set
     began = _first_planned_at(s) if restart else None
@@ -78,10 +79,18 @@ def fit_plan(
         measurer.count(timed)
     count_s = s.broadcast(time.perf_counter() - timer)
     timer = time.perf_counter()
+    state = ProbeState(s.folder, s.config_hash) if s.lead and not todo else None
     if s.lead and todo:  # the largest point's own warm-up: a crash in it is that point's
         s.folder.in_flight.start(measurer.row(timed, "point", settings.repeats, prediction).as_dict())
+    elif state is not None:  # the probe's start: out of memory in it, even on one rank alone, is its answer
+        state.start(timed.n_tokens)
     result = measurer.step(timed, replace(settings, warmup=1, repeats=1).fixed())
     took = s.broadcast(time.perf_counter() - timer)  # rank 0's, on every rank
+    if state is not None and result.status == "ok":
+        state.land()
+    elif state is not None:
+        state.finish(Trial(timed.n_tokens, fits=False, status=result.status, peak_gib=result.peak_mem_gib,
+                           peak_min_gib=result.peak_mem_min_gib))  # fmt: skip
     if result.status != "ok":
         LOG.warning("budget: the timed step at N=%d did not fit: no estimate, the plan runs as set",
                     timed.n_tokens)  # fmt: skip
@@ -134,6 +143,23 @@ def _fixed_from_pilots(
         (timed.n_tokens, result.peak_mem_gib - baseline),
     ]
     return s.broadcast(fixed_part(peaks))
+
+
+def _probe_start(session: RankSession, search: SearchConfig) -> Shape | None:
+    """With no point left to measure, the step to time is the probe's start; None where the run knows it
+    does not fit (a point or a probe step there ran out of memory, this very timed step on a start
+    before included): timed again, an out-of-memory alone in it restarted the ranks into it forever."""
+    shape = probe_shape(session, search.start)
+    failed = None
+    if session.lead:
+        trials = [*point_trials(session), *ProbeState(session.folder, session.config_hash).trials]
+        failed = any(t.n == shape.n_tokens and not t.fits for t in trials)
+    if not session.broadcast(failed):
+        return shape
+    if session.lead:
+        LOG.info("budget: the probe's start N=%d is known not to fit: no step timed, no estimate, the plan "
+                 "runs as set", shape.n_tokens)  # fmt: skip
+    return None
 
 
 def _probe_seeds(session: RankSession, todo: list[Shape]) -> tuple[Trial, ...]:
