@@ -155,7 +155,7 @@ def test_oom_alone_in_the_time_budgets_step_at_the_probes_start_is_the_probes_an
     assert (row["N_tokens"], row["oom_at"]) == (192, 256)
     assert trials.set_index("N_tokens").loc[256, "status"] == "oom"
     assert proc.stderr.count("out of memory alone") == 1
-    assert "the probe's start N=256 is known not to fit: no step timed" in proc.stderr
+    assert "budget: no step to time (the probe's start, or every N it tried, does not fit)" in proc.stderr
 
 
 def test_killed_job_resumes_without_rerunning_finished_n(tmp_path):

@@ -88,6 +88,12 @@ def _probe_in_flight(out) -> int | None:
     return json.loads(state.read_text()).get("in_flight") if state.exists() else None
 
 
+def _probe_stepped(out: Path) -> bool:
+    """The probe has an answer of its own in probe.csv, not only the walltime points it starts from (the
+    N in flight before it can be the time budget's step at the probe's start)."""
+    return (out / "probe.csv").exists() and not probe_trials(out)["point"].all()
+
+
 def _planned(out: Path) -> bool:
     """The run's first plan is in run.json (its budget's timed step is over)."""
     return (out / "run.json").exists() and bool(json.loads((out / "run.json").read_text()).get("time_budget"))
@@ -108,7 +114,7 @@ def test_a_job_preempted_mid_point_and_mid_probe_measures_both_again(slurm_clust
         _wait_for(lambda: _in_flight(out) == 16 and _planned(out), timeout=180)  # measured, not timed
         job_id = _job_id(out)
         slurm_cluster.command("scontrol", "requeue", job_id)
-        _wait_for(lambda: (out / "probe.csv").exists() and _probe_in_flight(out) is not None, timeout=240)
+        _wait_for(lambda: _probe_stepped(out) and _probe_in_flight(out) is not None, timeout=240)
         tried, n = probe_trials(out), _probe_in_flight(out)
         assert slurm_cluster.job(job_id)["Restarts"] == "1"
         slurm_cluster.command("scontrol", "requeue", job_id)

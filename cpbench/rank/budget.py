@@ -21,7 +21,7 @@ from cpbench.plan.budget import (
 )
 from cpbench.plan.changes import budget_rows
 from cpbench.probe.predict import Prediction
-from cpbench.probe.search import SearchConfig, Trial
+from cpbench.probe.search import SearchConfig, Trial, bounds
 from cpbench.probe.state import ProbeState
 from cpbench.rank.points import Measurer
 from cpbench.rank.probe import point_trials, probe_shape, search_for
@@ -69,7 +69,9 @@ def fit_plan(
     largest = max(todo, key=lambda shape: shape.n_tokens) if todo else None
     as_set = Trimmed(todo, settings, probe, None, None)
     minutes = _minutes(s)
-    timed = largest or (_probe_start(s, search) if search and minutes is not None else None)
+    timed, in_flight = largest, False
+    if timed is None and search is not None and minutes is not None:
+        timed, in_flight = _probe_step_to_time(s, search)
     if minutes is None or timed is None:
         return as_set
     began = _first_planned_at(s) if restart else None
@@ -79,7 +81,7 @@ def fit_plan(
         measurer.count(timed)
     count_s = s.broadcast(time.perf_counter() - timer)
     timer = time.perf_counter()
-    state = ProbeState(s.folder, s.config_hash) if s.lead and not todo else None
+    state = ProbeState(s.folder, s.config_hash) if s.lead and in_flight else None
     if s.lead and todo:  # the largest point's own warm-up: a crash in it is that point's
         s.folder.in_flight.start(measurer.row(timed, "point", settings.repeats, prediction).as_dict())
     elif state is not None:  # the probe's start: out of memory in it, even on one rank alone, is its answer
@@ -145,21 +147,27 @@ def _fixed_from_pilots(
     return s.broadcast(fixed_part(peaks))
 
 
-def _probe_start(session: RankSession, search: SearchConfig) -> Shape | None:
-    """With no point left to measure, the step to time is the probe's start; None where the run knows it
-    does not fit (a point or a probe step there ran out of memory, this very timed step on a start
-    before included): timed again, an out-of-memory alone in it restarted the ranks into it forever."""
-    shape = probe_shape(session, search.start)
-    failed = None
+def _probe_step_to_time(session: RankSession, search: SearchConfig) -> tuple[Shape | None, bool]:
+    """With no point left to measure, the step to time, and whether it is the probe's N in flight while
+    it runs. Before the probe has an answer of its own: its start, in flight, so that running out of
+    memory there, even on one rank alone, is the probe's answer (not in flight, an out-of-memory alone
+    in it restarted the ranks into the same step forever). After (a restart mid-probe): the largest N
+    known to fit, not in flight, as the probe's N in flight stays its own. None: the start is known not
+    to fit, or no N is known to fit."""
+    trials = None
     if session.lead:
         trials = [*point_trials(session), *ProbeState(session.folder, session.config_hash).trials]
-        failed = any(t.n == shape.n_tokens and not t.fits for t in trials)
-    if not session.broadcast(failed):
-        return shape
+    trials = session.broadcast(trials)
+    if not any(not t.point for t in trials):
+        start = probe_shape(session, search.start)
+        if not any(t.n == start.n_tokens and not t.fits for t in trials):
+            return start, True
+    elif (best := bounds(trials)[0]) is not None:
+        return probe_shape(session, best.n), False
     if session.lead:
-        LOG.info("budget: the probe's start N=%d is known not to fit: no step timed, no estimate, the plan "
-                 "runs as set", shape.n_tokens)  # fmt: skip
-    return None
+        LOG.info("budget: no step to time (the probe's start, or every N it tried, does not fit): no "
+                 "estimate, the plan runs as set")  # fmt: skip
+    return None, False
 
 
 def _probe_seeds(session: RankSession, todo: list[Shape]) -> tuple[Trial, ...]:
