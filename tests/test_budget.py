@@ -16,6 +16,7 @@ from cpbench.measure.budget import CPU_CREEP_GIB, Budget
 from cpbench.measure.point import PointSettings
 from cpbench.plan.budget import Plan, Step, estimate, fit_budget, fixed_part, probe_trials, step_seconds
 from cpbench.probe.search import SearchConfig, Trial
+from cpbench.settings.schema import ProbeConfig
 
 
 def _points(*ns: int) -> tuple[Shape, ...]:
@@ -35,7 +36,8 @@ def test_each_measured_point_and_the_edge_pay_a_flop_count():
     paid by every point and by the probe's full measurement at its edge, never by a probe step."""
     counted = Step(n=64, seconds=1.0, count_s=2.5)
     assert estimate(PLAN, counted) == (168.0 + 3 * 2.5, 0)
-    probe = Plan((), 1, 2, SearchConfig(start=64, granularity=64, max_tokens=128))  # steps at 64 and 128
+    steps_at_64_and_128 = SearchConfig(ProbeConfig(start=64, granularity=64, max_tokens=128))
+    probe = Plan((), 1, 2, steps_at_64_and_128)
     assert estimate(probe, counted)[0] == estimate(probe, STEP)[0] + 2.5
     assert fit_budget(PLAN, counted, 3, 3).summary(3, counted) == (
         "plan: 3 point(s) x (3 warm-up + 5 repeats) x ~1 s at N=64 (x (N/64)^2) + ~2.5 s a FLOP count "
@@ -69,16 +71,16 @@ def test_repeats_stop_at_the_floor_then_points_go_the_largest_kept():
 
 
 def test_a_coarser_probe_granularity_is_the_last_cut():
-    search = SearchConfig(start=128, granularity=16, budget_gib=1.0)
+    search = SearchConfig(ProbeConfig(start=128, granularity=16), budget_gib=1.0)
     plan = Plan(points=_points(64), warmup=1, repeats=2, probe=search, measure_at_max=False)
     step = Step(n=64, seconds=0.01, peak_gib=0.26, baseline_gib=0.2)  # 1 GiB is reached near N=234
     fine, coarse = (
         probe_trials(search, step),
-        probe_trials(SearchConfig(start=128, granularity=64, budget_gib=1.0), step),
+        probe_trials(SearchConfig(ProbeConfig(start=128, granularity=64), budget_gib=1.0), step),
     )
     assert len(coarse) < len(fine)
-    minutes = estimate(Plan(_points(64), 1, 2, SearchConfig(start=128, granularity=64, budget_gib=1.0),
-                            measure_at_max=False), step)[0] / 60  # fmt: skip
+    coarser = SearchConfig(ProbeConfig(start=128, granularity=64), budget_gib=1.0)
+    minutes = estimate(Plan(_points(64), 1, 2, coarser, measure_at_max=False), step)[0] / 60
     verdict = fit_budget(plan, step, minutes, min_repeats=2)
     assert verdict.refusal is None and verdict.cuts == ("probe.granularity 16 -> 64",)
     assert verdict.probe_steps == len(coarse)
@@ -88,7 +90,7 @@ def test_a_step_that_reads_below_its_baseline_predicts_no_peak_and_counts_one_ra
     """A tiny step's peak can read below the baseline (start-up's high-water mark): scaled by N^2 its
     negative share never reaches the cap, and the search ran to its 64-step guard (a plan of ~3e+37 min,
     refused). No prediction instead: one ramp step, as with no cap."""
-    search = SearchConfig(start=64, granularity=64, budget_gib=1.0)
+    search = SearchConfig(ProbeConfig(start=64, granularity=64), budget_gib=1.0)
     step = Step(n=16, seconds=1.0, peak_gib=0.199, baseline_gib=0.2)
     assert [t.n for t in probe_trials(search, step)] == [64]
     verdict = fit_budget(Plan(_points(16), 1, 2, search, measure_at_max=False), step, 600, min_repeats=2)
@@ -104,7 +106,7 @@ def test_the_points_peaks_keep_the_fixed_part_from_growing_with_n():
     assert fixed == pytest.approx(0.0099, abs=0.0005)
     assert fixed_part(peaks[:1]) == 0.0  # one N cannot split it
     assert fixed_part([(64, 0.02), (128, 0.01)]) == 0.0  # no growth: no split
-    search = SearchConfig(start=128, granularity=16, budget_gib=0.254 + 0.05)  # peaks are absolute
+    search = SearchConfig(ProbeConfig(start=128, granularity=16), budget_gib=0.254 + 0.05)  # absolute
     edge = {}
     for kept in (0.0, fixed):
         step = Step(n=128, seconds=1.0, peak_gib=0.254 + 0.0259, baseline_gib=0.254, fixed_gib=kept)
@@ -116,7 +118,7 @@ def test_the_probe_is_counted_from_the_walltime_points_it_starts_from():
     """The probe takes the walltime points at its shape as its first trials: they guide its first steps
     (a quadratic through three peaks), and none is stepped again. Counted without them, the search
     stepped its start N and bisected blind: fold_small's cp=2 probe planned 7 steps and took 2."""
-    search = SearchConfig(start=128, granularity=16, budget_gib=0.254 + 0.05)
+    search = SearchConfig(ProbeConfig(start=128, granularity=16), budget_gib=0.254 + 0.05)
     step = Step(n=128, seconds=1.0, peak_gib=0.254 + 0.0259, baseline_gib=0.254, fixed_gib=0.0099)
     seeds = tuple(Trial(n, fits=True, status="ok", point=True) for n in (32, 64, 128))  # to be measured
     seeded = [t for t in probe_trials(search, step, seeds) if not t.point]

@@ -9,8 +9,9 @@ import sys
 
 from cpbench import HUGE_PAGES
 from cpbench.probe.search import SearchConfig, Trial, next_trial
+from cpbench.settings.schema import ProbeConfig
 
-CFG = SearchConfig(start=256, factor=2.0, granularity=64)
+CFG = SearchConfig(ProbeConfig(start=256, factor=2.0, granularity=64))
 
 
 def test_walltime_points_start_the_ramp_but_never_below_the_start():

@@ -21,6 +21,7 @@ from cpbench.measure.point import PointSettings, RankSteps, _summarise, agree_fi
 from cpbench.measure.stats import PointTimes, RepeatTiming, comm_mib_per_step, median_iqr, slowest
 from cpbench.measure.step import StepRunner
 from cpbench.runtime.rank import rank_runtime
+from cpbench.settings.schema import TimingConfig
 
 MS = 1e-3
 
@@ -162,7 +163,9 @@ def test_peak_is_the_steps_and_the_checksum_is_exact():
         release(ctx.device)
         reset_peak(ctx.device)
         baseline = read_peak_gib(ctx.device)
-        result = measure_point(runner, Shape(64, 1, 1), ctx, dist.group.WORLD, PointSettings(1, 2))
+        result = measure_point(
+            runner, Shape(64, 1, 1), ctx, dist.group.WORLD, PointSettings(TimingConfig(1, 2, 1, 2))
+        )
     # Measured 0.29-0.31 GiB: the output and what else the first steps make resident (tens of MiB).
     assert result.peak_mem_gib - baseline == pytest.approx(0.25, abs=0.1)
     assert result.checksum == 2**26

@@ -28,7 +28,7 @@ from cpbench.measure.step import StepRunner
 from cpbench.results.folder import RunFolder
 from cpbench.runtime.rank import rank_runtime
 from cpbench.settings.cp1 import cp1_settings
-from cpbench.settings.schema import BenchConfig, Mode
+from cpbench.settings.schema import BenchConfig, Mode, TimingConfig
 from cpbench.settings.validate import validate
 
 QUIET = ["log.progress=false", "probe.enabled=false", "timing.warmup=1", "timing.repeats=2"]
@@ -263,7 +263,7 @@ def _paced_rank(rank: int, port: int, out: mp.Queue) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2")
     with rank_runtime(Topology.from_config("1d", 2, None), "gloo", 60, torch.float32, 0) as ctx:
         runner = StepRunner(PacedWorkload(rank), torch.nn.Identity(), False, ctx, 1e-4, 0.0)
-        settings = PointSettings(warmup=1, repeats=2, warmup_max=5, repeats_max=4)
+        settings = PointSettings(TimingConfig(warmup=1, repeats=2, warmup_max=5, repeats_max=4))
         result = measure_point(runner, Shape(16, 1, 1), ctx, dist.group.WORLD, settings)
         out.put((rank, result, runner.workload.steps))
 

@@ -15,7 +15,7 @@ from hydra.utils import instantiate
 from cpbench.core import ConfigError, Shape, Topology
 from cpbench.probe import predict
 from cpbench.probe.search import SearchConfig, Trial, bounds, next_trial
-from cpbench.settings.schema import BenchConfig, register
+from cpbench.settings.schema import BenchConfig, ProbeConfig, register
 from cpbench.settings.validate import validate
 from cpbench.sweep import resolve_shape
 
@@ -135,7 +135,7 @@ def test_settings_are_checked():
 
 def _confirm_run(edge: int, predicted: int, points: tuple[int, ...] = ()) -> list[Trial]:
     """The probe's steps, after walltime points at `points` (trials it did not step)."""
-    cfg = SearchConfig(start=64, granularity=32, multiple=2, budget_gib=1.0, predicted=predicted)
+    cfg = SearchConfig(ProbeConfig(start=64, granularity=32), multiple=2, budget_gib=1.0, predicted=predicted)
     trials = [Trial(n=n, fits=n <= edge, status="ok" if n <= edge else "oom", point=True) for n in points]
     while (p := next_trial(cfg, trials)) is not None:
         trials.append(Trial(n=p.n, fits=p.n <= edge, status="ok" if p.n <= edge else "oom", guided=p.guided))

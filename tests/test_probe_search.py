@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from cpbench.probe.search import SearchConfig, Trial, bounds, next_trial
+from cpbench.settings.schema import ProbeConfig
 
 pytestmark = pytest.mark.unit  # in-process: the fast lane (pytest -m unit)
 
@@ -23,7 +24,7 @@ def run(cfg: SearchConfig, fits, peak=lambda n: None) -> list[Trial]:
 @pytest.mark.parametrize("threshold", [1, 64, 100, 511, 512, 513, 777, 1024, 3000, 9999, 40000])
 @pytest.mark.parametrize("multiple,granularity", [(1, 64), (2, 64), (4, 1), (6, 50)])
 def test_stops_within_granularity_of_the_threshold(threshold, multiple, granularity):
-    cfg = SearchConfig(start=512, factor=2, granularity=granularity, multiple=multiple)
+    cfg = SearchConfig(ProbeConfig(start=512, factor=2, granularity=granularity), multiple=multiple)
     trials = run(cfg, lambda n: n <= threshold)
     best, fail = bounds(trials)
     assert fail is not None and fail.n > threshold
@@ -37,21 +38,22 @@ def test_stops_within_granularity_of_the_threshold(threshold, multiple, granular
 
 
 def test_start_failing_searches_downwards():
-    trials = run(SearchConfig(start=512, factor=2, granularity=16), lambda n: n <= 100)
+    trials = run(SearchConfig(ProbeConfig(start=512, factor=2, granularity=16)), lambda n: n <= 100)
     assert [t.n for t in trials[:4]] == [512, 256, 128, 64]
     best, fail = bounds(trials)
     assert best.n <= 100 < fail.n and fail.n - best.n <= 16
 
 
 def test_granularity_edge_gap_equal_to_granularity_stops():
-    cfg = SearchConfig(start=64, factor=2, granularity=64)
+    cfg = SearchConfig(ProbeConfig(start=64, factor=2, granularity=64))
     trials = run(cfg, lambda n: n <= 64)
     assert [t.n for t in trials] == [64, 128]  # 128 - 64 == granularity: done, no bisection
 
 
 def test_max_tokens_caps_the_ramp():
     trials = run(
-        SearchConfig(start=512, factor=2, granularity=64, max_tokens=3000, multiple=4), lambda n: True
+        SearchConfig(ProbeConfig(start=512, factor=2, granularity=64, max_tokens=3000), multiple=4),
+        lambda n: True,
     )
     assert [t.n for t in trials] == [512, 1024, 2048, 3000]
     assert bounds(trials) == (trials[-1], None)
@@ -60,7 +62,7 @@ def test_max_tokens_caps_the_ramp():
 def test_one_non_monotone_point_keeps_the_answer_below_every_failure():
     # 768 fails although 896 would fit (a transient failure): the answer must stay below 768.
     fits = lambda n: n <= 900 and n != 768  # noqa: E731
-    trials = run(SearchConfig(start=512, factor=2, granularity=32), fits)
+    trials = run(SearchConfig(ProbeConfig(start=512, factor=2, granularity=32)), fits)
     best, fail = bounds(trials)
     assert fail.n == 768 and best.n < 768 and fail.n - best.n <= 32
     assert all(t.fits for t in trials if t.n < best.n)
@@ -70,8 +72,12 @@ def test_guided_search_takes_fewer_steps_when_memory_follows_a_quadratic():
     budget = 10.0
     peak = lambda n: 0.5 + 2e-4 * n + 3e-6 * n * n  # noqa: E731
     fits = lambda n: peak(n) <= budget  # noqa: E731
-    plain = run(SearchConfig(start=128, factor=2, granularity=8, budget_gib=budget, guided=False), fits, peak)
-    guided = run(SearchConfig(start=128, factor=2, granularity=8, budget_gib=budget), fits, peak)
+    plain = run(
+        SearchConfig(ProbeConfig(start=128, factor=2, granularity=8, guided=False), budget_gib=budget),
+        fits,
+        peak,
+    )
+    guided = run(SearchConfig(ProbeConfig(start=128, factor=2, granularity=8), budget_gib=budget), fits, peak)
     edge = max(n for n in range(1, 4000) if fits(n))
     for trials in (plain, guided):
         best, fail = bounds(trials)
@@ -88,7 +94,7 @@ def test_the_ramp_stops_short_of_a_step_the_model_puts_past_the_edge(edge_at):
     budget = peak(edge_at)
     fits = lambda n: peak(n) <= budget  # noqa: E731
     points = [Trial(n, True, "ok", peak(n), point=True) for n in (32, 64, 128)]
-    cfg = SearchConfig(start=128, factor=2, granularity=16, budget_gib=budget)
+    cfg = SearchConfig(ProbeConfig(start=128, factor=2, granularity=16), budget_gib=budget)
     trials = list(points)
     while (p := next_trial(cfg, trials)) is not None:
         trials.append(Trial(p.n, fits(p.n), "ok" if fits(p.n) else "oom", peak(p.n), guided=p.guided))
@@ -103,7 +109,7 @@ def test_a_model_that_reads_low_steps_up_by_doubling_steps():
     """The model puts the edge at 200 while steps fit far beyond it: the first try is there, and each
     further guided fit doubles the step past the last fit, so the ramp's reach comes back within a few
     trials."""
-    cfg = SearchConfig(start=128, factor=2, granularity=16, budget_gib=0.3 + 1e-6 * 200**2)
+    cfg = SearchConfig(ProbeConfig(start=128, factor=2, granularity=16), budget_gib=0.3 + 1e-6 * 200**2)
     trials = [Trial(n, True, "ok", 0.3 + 1e-6 * n * n, point=True) for n in (32, 64, 128)]
     steps = []
     while len(steps) < 5 and (p := next_trial(cfg, trials)) is not None:
@@ -117,7 +123,9 @@ def test_guided_falls_back_to_bisection_when_the_model_does_not_fit():
     budget = 10.0
     peak = lambda n: 1.0 if n < 300 else 9.0 + (n % 7)  # noqa: E731  (no quadratic explains this)
     trials = run(
-        SearchConfig(start=64, factor=2, granularity=16, budget_gib=budget), lambda n: peak(n) <= budget, peak
+        SearchConfig(ProbeConfig(start=64, factor=2, granularity=16), budget_gib=budget),
+        lambda n: peak(n) <= budget,
+        peak,
     )
     best, fail = bounds(trials)
     assert fail.n - best.n <= 16

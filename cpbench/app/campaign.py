@@ -46,7 +46,7 @@ from cpbench.results.folder import FolderLocked, RunFolder
 from cpbench.runtime.seed import deterministic
 from cpbench.settings.identity import config_hash
 from cpbench.settings.schema import BenchConfig, Mode
-from cpbench.workloads.base import Workload
+from cpbench.workloads.base import Workload, traits
 
 
 def run(cfg: DictConfig, in_sweep: bool = False, baseline_root: Path | None = None) -> int:
@@ -142,7 +142,7 @@ def _what_changed(settings: BenchConfig, workload: Workload) -> list[Change]:
     """The what-changed table's rows, against the workload's real job or the user's `job=` file."""
     job = load_job(settings.job) if settings.job else None
     config = OmegaConf.to_container(OmegaConf.structured(settings), resolve=True, enum_to_str=True)
-    return what_changed(config, getattr(workload, "real_job", ()), job)
+    return what_changed(config, traits(workload).real_job, job)
 
 
 def _check_footprint(folder: RunFolder, before: Snapshot) -> None:

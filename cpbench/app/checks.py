@@ -16,8 +16,8 @@ from cpbench.launch.base import Launcher
 from cpbench.launch.registry import launcher_for
 from cpbench.settings.schema import BenchConfig, Mode, Workflow
 from cpbench.settings.validate import to_settings, validate
-from cpbench.workloads.adapter import WorkloadError
-from cpbench.workloads.base import Workload
+from cpbench.workloads.adapter import FoldCPAdapter, WorkloadError
+from cpbench.workloads.base import Contract, Workload, traits
 
 
 def check_runs_of_its_own(settings: BenchConfig, launcher: Launcher | None = None) -> None:
@@ -84,23 +84,24 @@ def checked_run(cfg: DictConfig, in_sweep: bool = False) -> CheckedRun:
     check_runs_of_its_own(settings, launcher)
     _check_unused_overrides(settings)
     workload = _build_workload(settings)
-    if settings.workflow is Workflow.convergence and getattr(workload, "contract", "native") != "native":
+    declared = traits(workload)
+    if settings.workflow is Workflow.convergence and declared.contract is not Contract.native:
         raise ConfigError("workflow=convergence: needs a workload of the native contract (cpbench steps)")
-    check_topology = getattr(workload, "check_topology", None)
-    if callable(check_topology):
-        check_topology(topology)
+    if declared.check_topology is not None:
+        declared.check_topology(topology)
     _check_takes_inputs(settings, workload)
     return CheckedRun(settings, topology, workload, launcher)
 
 
 def _check_takes_inputs(settings: BenchConfig, workload: Workload) -> None:
     """A feature file is read by the workload's build_batch or refused: never measured as if read."""
-    if settings.data.path is None or getattr(workload, "takes_inputs", False):
+    declared = traits(workload)
+    if settings.data.path is None or declared.takes_inputs:
         return
-    name = getattr(workload, "name", type(workload).__name__)
+    name = declared.name
     how = (
         "add `*, features` to its build_batch signature (docs/adapters.md)"
-        if hasattr(workload, "module")
+        if isinstance(workload, FoldCPAdapter)
         else "its batch is synthesized (a class that reads the file declares takes_inputs = True); "
         "use workload=fold or pairformer, or unset data.path"
     )

@@ -12,10 +12,12 @@ import os
 import signal
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 
 import torch
 
 from cpbench.distributed.comm import LEDGER
+from cpbench.settings.schema import FaultConfig
 
 OVERRUN_BYTES = 2**30
 PERTURB = 1e-4  # relative, per module output: well over float32 rounding, far under any real signal
@@ -39,34 +41,33 @@ def _strike(kind: str, device: torch.device) -> None:
     torch.empty(2**62, dtype=torch.uint8, device=device)  # no allocator can serve this: a real OOM
 
 
+@dataclass(frozen=True)
 class Fault:
-    def __init__(self, rank: int | None, at_n: int | None, where: str, kind: str, at_step: int | None = None):
-        self.rank, self.at_n, self.where, self.kind, self.at_step = rank, at_n, where, kind, at_step
+    """The fault the run's `fault.*` settings ask for (`FaultConfig`, whose defaults are off)."""
 
-    @staticmethod
-    def off() -> Fault:
-        return Fault(None, None, "step", "oom")
+    config: FaultConfig = field(default_factory=FaultConfig)
 
     def armed(self, rank: int, n_tokens: int) -> bool:
-        return self.rank == rank and self.at_n is not None and n_tokens >= self.at_n
+        c = self.config
+        return c.rank == rank and c.at_n is not None and n_tokens >= c.at_n
 
     def before_step(self, rank: int, step: int, resumed: bool, device: torch.device) -> None:
         """A convergence run's fault: before step `at_step` of a run that did not resume from a
         checkpoint (a resumed run goes past it, as a requeued job would)."""
-        if self.rank == rank and self.at_step == step and not resumed:
-            _strike(self.kind, device)
+        if self.config.rank == rank and self.config.at_step == step and not resumed:
+            _strike(self.config.kind, device)
 
     def before_batch(self, rank: int, n_tokens: int, device: torch.device) -> None:
-        if self.where == "batch" and self.armed(rank, n_tokens):
-            _strike(self.kind, device)
+        if self.config.where == "batch" and self.armed(rank, n_tokens):
+            _strike(self.config.kind, device)
 
     @contextmanager
     def in_step(self, rank: int, n_tokens: int, device: torch.device) -> Iterator[None]:
         """Strike in the first submodule call that follows the step's first collective."""
-        if self.where != "step" or not self.armed(rank, n_tokens):
+        if self.config.where != "step" or not self.armed(rank, n_tokens):
             yield
             return
-        if self.kind == "perturb":
+        if self.config.kind == "perturb":
             with _perturbed():
                 yield
             return
@@ -78,7 +79,7 @@ class Fault:
                 seen.append(calls)
             elif len(seen) == 1 and calls > seen[0]:
                 seen.append(calls)  # strike once: an overrun lets the step go on
-                _strike(self.kind, device)
+                _strike(self.config.kind, device)
 
         handle = torch.nn.modules.module.register_module_forward_pre_hook(hook)
         try:

@@ -37,7 +37,7 @@ from cpbench.runtime.compile_cache import import_dynamo
 from cpbench.runtime.seed import seed_all
 from cpbench.runtime.startup import loaded
 from cpbench.torch_compat import SkipCollectives
-from cpbench.workloads.base import Contract, Workload
+from cpbench.workloads.base import Contract, Workload, traits
 
 # Operator namespaces whose ops compute nothing a FLOP counter should see, or are counted through.
 _SEEN_THROUGH = frozenset({"aten", "prims", "prim", "c10d", "_c10d_functional", "profiler", "higher_order"})
@@ -223,14 +223,14 @@ def count_step(workload: Workload, model: torch.nn.Module, shape: Shape, ctx: Ra
     trace leaves fake gradients (and, under foldcp, optimizer state) behind: the caller builds the
     model again before a real step. Where the corners walk more loop passes than the step itself,
     the step is counted once in its own form, its chunk loops one chunk (`forms_to_count`)."""
-    if callable(getattr(workload, "flop_form", None)):
+    if traits(workload).flop_form is not None:
         return counted_forms(workload, forms_to_count(workload.flop_loops(train)), shape, ctx, train, seed)
     return _count(workload, model, shape, ctx, train, seed)
 
 
 def _count(workload: Workload, model: torch.nn.Module, shape: Shape, ctx: RankContext, train: bool,
            seed: int) -> StepFlops:  # fmt: skip
-    contract = Contract(getattr(workload, "contract", Contract.native))
+    contract = traits(workload).contract
     with FlopCount() as count:
         seed_all(seed)
         batch = workload.build_batch(shape, ctx)

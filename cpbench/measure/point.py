@@ -43,6 +43,7 @@ from cpbench.measure.stats import (
 from cpbench.measure.step import StepRunner
 from cpbench.runtime.logs import LOG
 from cpbench.runtime.seed import seed_all
+from cpbench.settings.schema import TimingConfig
 
 
 @dataclass
@@ -141,32 +142,30 @@ def _guarded(fn: Callable[[], Any]) -> tuple[Any, str]:
 
 @dataclass(frozen=True)
 class PointSettings:
-    """How a point is measured: the same for every point of a run; a probe step is one repeat."""
+    """How a point is measured: the same for every point of a run; a probe step is one repeat. The step
+    counts are the run's `timing.*` (`TimingConfig`, where their defaults live)."""
 
-    warmup: int = 3
-    repeats: int = 5
-    # Caps: a cap above its floor lets the warm-up go on until the step time stops falling (no step
-    # settle_pct % faster than those before), and the repeats while their IQR is over iqr_pct % of the median.
-    warmup_max: int = 0
-    repeats_max: int = 0
-    settle_pct: float = 5.0
-    iqr_pct: float = 10.0
+    timing: TimingConfig = field(default_factory=TimingConfig)
     budget: Budget | None = None
-    fault: Fault = field(default_factory=Fault.off)
+    fault: Fault = field(default_factory=Fault)
     agree_wait_s: float = 10.0  # after an OOM on one rank, how long to wait for the peers to agree
     seed: int = 0  # every build_batch starts from it
     counts_comm: bool = True  # every collective goes through cpbench's ledger: comm figures are complete
     profile_comm: bool = False  # comm time from the torch profiler's communication events instead
     progress: Callable[[str], None] | None = None  # told which step is under way, for a progress line
 
+    def with_steps(self, **counts: int) -> PointSettings:
+        """These settings with some of `timing`'s step counts changed."""
+        return replace(self, timing=replace(self.timing, **counts))
+
     def single_step(self) -> PointSettings:
         """One step that stands for a full measurement (a probe step), held to the cap it leaves."""
         budget = self.budget.for_one_step() if self.budget else None
-        return replace(self, warmup=0, repeats=1, warmup_max=0, repeats_max=1, budget=budget)
+        return replace(self.with_steps(warmup=0, repeats=1, warmup_max=0, repeats_max=1), budget=budget)
 
     def fixed(self) -> PointSettings:
         """Exactly `warmup` and `repeats` steps: runs to be compared take the same steps."""
-        return replace(self, warmup_max=self.warmup, repeats_max=self.repeats)
+        return self.with_steps(warmup_max=self.timing.warmup, repeats_max=self.timing.repeats)
 
 
 def comm_timing(device: torch.device, settings: PointSettings) -> str:
@@ -353,35 +352,35 @@ def _warm_up(
 ) -> list[float]:
     """The warm-up steps' times (seconds, this rank's), `warmup` of them or, with a higher cap, until
     the slowest rank's step time settles."""
-    say = settings.progress or (lambda where: None)
-    most = max(settings.warmup, settings.warmup_max)
-    adaptive = most > settings.warmup
+    say, timing = settings.progress or (lambda where: None), settings.timing
+    most = max(timing.warmup, timing.warmup_max)
+    adaptive = most > timing.warmup
     seconds, agreed = [], []
     while len(seconds) < most:
-        say(f"warm-up step {len(seconds) + 1} of {settings.warmup}" + (f" to {most}" if adaptive else ""))
+        say(f"warm-up step {len(seconds) + 1} of {timing.warmup}" + (f" to {most}" if adaptive else ""))
         out, p = runner(batches.next())
         first.see(out, runner)
         out = None
         seconds.append(p.total)
         if adaptive:
             agreed.append(_agree_after_step(p.total, control, settings.budget, runner.device))
-        if len(seconds) >= settings.warmup and (not adaptive or settled(agreed, settings.settle_pct)):
+        if len(seconds) >= timing.warmup and (not adaptive or settled(agreed, timing.settle_pct)):
             break
     return seconds
 
 
 def _run_repeats(runner: StepRunner, batches: _Batches, control, settings: PointSettings) -> RankSteps:
-    say = settings.progress or (lambda where: None)
+    say, timing = settings.progress or (lambda where: None), settings.timing
     first = FirstStep()
     warm = _warm_up(runner, batches, control, settings, first)
-    most = max(settings.repeats, settings.repeats_max)
-    adaptive = most > settings.repeats
+    most = max(timing.repeats, timing.repeats_max)
+    adaptive = most > timing.repeats
     LEDGER.reset()
     timings, named, agreed, out, batch = [], [], [], None, None
     profiler = torch.profiler.profile() if settings.profile_comm else contextlib.nullcontext()
     with profiler:
         while len(timings) < most:
-            say(f"timed step {len(timings) + 1} of {settings.repeats}" + (f" to {most}" if adaptive else ""))
+            say(f"timed step {len(timings) + 1} of {timing.repeats}" + (f" to {most}" if adaptive else ""))
             out = batch = None  # the last output and batch are freed before the next, as in a real run
             batch = batches.next()  # built outside the timer
             # Start together (outside the timed region), stopping first if a step so far went over the budget.
@@ -395,9 +394,7 @@ def _run_repeats(runner: StepRunner, batches: _Batches, control, settings: Point
             named.append(p.named)
             if adaptive:
                 agreed.append(_agree_after_step(p.total, control, settings.budget, runner.device))
-            if len(timings) >= settings.repeats and (
-                not adaptive or not spread_wide(agreed, settings.iqr_pct)
-            ):
+            if len(timings) >= timing.repeats and (not adaptive or not spread_wide(agreed, timing.iqr_pct)):
                 break
     profiled = _comm_seconds(profiler.events()) if settings.profile_comm else 0.0
     return RankSteps(

@@ -14,7 +14,7 @@ import torch.distributed as dist
 from cpbench.core import RankContext, phases
 from cpbench.distributed.comm import all_reduce_sum, op_label
 from cpbench.distributed.dtensor import is_dtensor
-from cpbench.workloads.base import Contract, Workload
+from cpbench.workloads.base import Contract, Workload, traits
 
 
 @dataclass(frozen=True)
@@ -79,7 +79,7 @@ class StepRunner:
         track_grad_norm: bool = False,
     ):
         self.workload, self.model, self.train, self.device = workload, model, train, ctx.device
-        self.contract = Contract(getattr(workload, "contract", Contract.native))
+        self.contract = traits(workload).contract
         # A DTensor parameter's gradient belongs to the model: it is complete, or sharded as the model
         # decided; summing it over ranks would be wrong.
         params = [p for p in model.parameters() if p.requires_grad]

@@ -139,7 +139,7 @@ def probe_trials(search: SearchConfig, step: Step, seeds: tuple[Trial, ...] = ()
         trial = _predicted_trial(search, step, proposal.n)
         trials.append(trial)
         stepped += 1
-        if (search.budget_gib is None or trial.peak_gib is None) and search.max_tokens is None:
+        if (search.budget_gib is None or trial.peak_gib is None) and search.config.max_tokens is None:
             break
     return trials
 
@@ -198,11 +198,11 @@ def fit_budget(plan: Plan, step: Step, minutes: float | None, min_repeats: int) 
         cuts.append(f"sweep points: N={', '.join(map(str, dropped))} dropped, N={kept} kept")
     if trimmed.probe is not None:
         search = trimmed.probe
-        while not fits(trimmed) and search.granularity * 2 <= search.start:
-            search = replace(search, granularity=search.granularity * 2)
+        while not fits(trimmed) and search.config.granularity * 2 <= search.config.start:
+            search = replace(search, config=replace(search.config, granularity=search.config.granularity * 2))
             trimmed = replace(trimmed, probe=search)
-        if search.granularity != plan.probe.granularity:
-            cuts.append(f"probe.granularity {plan.probe.granularity} -> {search.granularity}")
+        if search.config.granularity != plan.probe.config.granularity:
+            cuts.append(f"probe.granularity {plan.probe.config.granularity} -> {search.config.granularity}")
     seconds, probe_steps = estimate(trimmed, step)
     if seconds <= limit:
         return Verdict(trimmed, seconds, probe_steps, tuple(cuts))

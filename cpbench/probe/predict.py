@@ -39,7 +39,7 @@ from cpbench.runtime.seed import seed_all
 from cpbench.settings.schema import BenchConfig, Workflow
 from cpbench.sweep import resolve_shape
 from cpbench.torch_compat import SkipCollectives
-from cpbench.workloads.base import Contract, Workload
+from cpbench.workloads.base import Contract, Workload, traits
 
 GIB = 2**30
 MAX_TRACES = 12  # fake traces per prediction: the ramp, the fit's crossing and its check
@@ -230,7 +230,7 @@ class TracedForm:
 
     @staticmethod
     def of(workload: Workload, topology: Topology, train: bool, dtype: torch.dtype, seed: int) -> TracedForm:
-        cut = getattr(workload, "peak_form", None)
+        cut = traits(workload).peak_form
         form = cut(train) if cut is not None else workload
         if form is workload:
             return TracedForm(workload)
@@ -273,7 +273,7 @@ def _trace(workload: Workload, topology: Topology, shape: Shape, train: bool, dt
         seed_all(seed)
         model = workload.build_model(ctx)
         params = [p for p in model.parameters() if p.requires_grad]
-        contract = Contract(getattr(workload, "contract", Contract.native))
+        contract = traits(workload).contract
         # AdamW's exp_avg and exp_avg_sq, alive from the first training step on.
         optim_bytes = 2 * (sum(p.numel() * p.element_size() for p in params) + cut_params) if train else 0
         import_dynamo()  # what the fake mode imports, without the empty folder it leaves

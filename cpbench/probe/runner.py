@@ -17,16 +17,7 @@ from cpbench.settings.schema import ProbeConfig
 def search_config(
     p: ProbeConfig, topology: Topology, budget_gib: float | None, predicted: int | None = None
 ) -> SearchConfig:
-    return SearchConfig(
-        start=p.start,
-        factor=p.factor,
-        granularity=p.granularity,
-        multiple=topology.tiling.multiple,
-        max_tokens=p.max_tokens,
-        budget_gib=budget_gib,
-        guided=p.guided,
-        predicted=predicted,
-    )
+    return SearchConfig(p, topology.tiling.multiple, budget_gib, predicted)
 
 
 def run_probe(

@@ -8,9 +8,11 @@ Being a function of the history alone, the search resumes from persisted trials 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
+
+from cpbench.settings.schema import ProbeConfig
 
 
 @dataclass(frozen=True)
@@ -28,13 +30,11 @@ class Trial:
 
 @dataclass(frozen=True)
 class SearchConfig:
-    start: int = 512
-    factor: float = 2.0
-    granularity: int = 64
+    """The run's probe settings (`ProbeConfig`, where their defaults live) and what the run adds."""
+
+    config: ProbeConfig = field(default_factory=ProbeConfig)
     multiple: int = 1  # every N tried tiles the topology's grid
-    max_tokens: int | None = None
     budget_gib: float | None = None  # enables the guided proposal
-    guided: bool = True
     predicted: int | None = None  # the N the fake-tensor estimate proposes: it replaces the ramp
 
 
@@ -89,12 +89,12 @@ def _confirm(cfg: SearchConfig, trials: list[Trial], cap: int | None) -> Proposa
     """The opening of a predicted search: the proposal, then away from it by one granularity (up
     after a fit, down after a failure), the step doubling while the outcome repeats; False once the
     next step would pass the other bound (bisection takes over between them)."""
-    m, g = cfg.multiple, max(cfg.granularity, cfg.multiple)
+    m, g = cfg.multiple, max(cfg.config.granularity, cfg.multiple)
     proposal = max(m, align_down(cfg.predicted, m))
     proposal = min(proposal, cap) if cap else proposal
     best, fail = bounds(trials) if trials else (None, None)
     tried = {t.n for t in trials}
-    if best is not None and fail is not None and fail.n - best.n <= cfg.granularity:
+    if best is not None and fail is not None and fail.n - best.n <= cfg.config.granularity:
         return False  # the edge is found (a proposal moved by a calibration need not be tried)
     # First the proposal itself, unless the trials so far (walltime points too) already decide it.
     if proposal not in tried and (best is None or proposal > best.n) and (fail is None or proposal < fail.n):
@@ -118,7 +118,7 @@ def _guided_ramp(cfg: SearchConfig, trials: list[Trial], best: Trial, ramp: int)
     edge is the search's dearest (at twice the N, a quadratic peak and a cubic step time). At the
     crossing, or past the last fit by the granularity, doubled for each further guided fit in a row, so
     that a model that keeps reading low does not creep up by small steps."""
-    model = peak_model(trials) if cfg.guided and cfg.budget_gib else None
+    model = peak_model(trials) if cfg.config.guided and cfg.budget_gib else None
     crossing = _crossing(model, cfg.budget_gib, 0, ramp) if model is not None else None
     if crossing is None:
         return None
@@ -127,7 +127,7 @@ def _guided_ramp(cfg: SearchConfig, trials: list[Trial], best: Trial, ramp: int)
         if not (trial.guided and trial.fits):
             break
         streak += 1
-    step = max(cfg.granularity, cfg.multiple) * 2 ** max(streak - 1, 0)
+    step = max(cfg.config.granularity, cfg.multiple) * 2 ** max(streak - 1, 0)
     n = max(align_down(crossing, cfg.multiple), align_up(best.n + step, cfg.multiple))
     return Proposal(n, True) if best.n < n < ramp and n not in {t.n for t in trials} else None
 
@@ -135,35 +135,35 @@ def _guided_ramp(cfg: SearchConfig, trials: list[Trial], best: Trial, ramp: int)
 def next_trial(cfg: SearchConfig, trials: list[Trial]) -> Proposal | None:
     """The next N to try, or None when the search is done."""
     m = cfg.multiple
-    cap = align_down(cfg.max_tokens, m) if cfg.max_tokens else None
+    cap = align_down(cfg.config.max_tokens, m) if cfg.config.max_tokens else None
     tried = {t.n for t in trials}
     if cfg.predicted is not None:
         opening = _confirm(cfg, trials, cap)
         if opening is not False:
             return opening
     if not trials:
-        start = max(m, align_down(cfg.start, m))
+        start = max(m, align_down(cfg.config.start, m))
         return Proposal(min(start, cap) if cap else start, False)
     best, fail = bounds(trials)
     if fail is None:  # ramp up, never below the start (walltime points may be the first trials)
-        n = max(align_up(best.n * cfg.factor, m), best.n + m, max(m, align_down(cfg.start, m)))
+        n = max(align_up(best.n * cfg.config.factor, m), best.n + m, max(m, align_down(cfg.config.start, m)))
         if cap is not None:
             n = min(n, cap)
         if n <= best.n or n in tried:
             return None
         return _guided_ramp(cfg, trials, best, n) or Proposal(n, False)
     if best is None:  # the start failed: search downwards
-        n = align_down(fail.n / cfg.factor, m)
+        n = align_down(fail.n / cfg.config.factor, m)
         return None if n < m or n in tried else Proposal(n, False)
-    if fail.n - best.n <= cfg.granularity:
+    if fail.n - best.n <= cfg.config.granularity:
         return None
-    model = peak_model(trials) if cfg.guided and cfg.budget_gib else None
+    model = peak_model(trials) if cfg.config.guided and cfg.budget_gib else None
     if model is not None:
         crossing = _crossing(model, cfg.budget_gib, best.n, fail.n)
         if crossing is not None:
             guess = align_down(crossing, m)
             if guess <= best.n:  # the model puts the edge right above the last fit: confirm it
-                guess = align_up(best.n + cfg.granularity, m)
+                guess = align_up(best.n + cfg.config.granularity, m)
             if best.n < guess < fail.n and guess not in tried:
                 return Proposal(guess, True)
     mid = align_down((best.n + fail.n) / 2, m)

@@ -83,10 +83,10 @@ def fit_plan(
     timer = time.perf_counter()
     state = ProbeState(s.folder, s.config_hash) if s.lead and in_flight else None
     if s.lead and todo:  # the largest point's own warm-up: a crash in it is that point's
-        s.folder.in_flight.start(measurer.row(timed, "point", settings.repeats, prediction).as_dict())
+        s.folder.in_flight.start(measurer.row(timed, "point", settings.timing.repeats, prediction).as_dict())
     elif state is not None:  # the probe's start: out of memory in it, even on one rank alone, is its answer
         state.start(timed.n_tokens)
-    result = measurer.step(timed, replace(settings, warmup=1, repeats=1).fixed())
+    result = measurer.step(timed, settings.with_steps(warmup=1, repeats=1).fixed())
     took = s.broadcast(time.perf_counter() - timer)  # rank 0's, on every rank
     if state is not None and result.status == "ok":
         state.land()
@@ -107,7 +107,9 @@ def fit_plan(
     step = Step(timed.n_tokens, result.walltime_ms / 1e3, result.peak_mem_gib, _baseline(s), clock.overhead_s,
                 clock.count_s, fixed)  # fmt: skip
     seeds = _probe_seeds(s, todo)
-    plan = Plan(tuple(todo), settings.warmup, settings.repeats, search, probe.measure_at_max, seeds)
+    plan = Plan(
+        tuple(todo), settings.timing.warmup, settings.timing.repeats, search, probe.measure_at_max, seeds
+    )
     verdict = s.broadcast(fit_budget(plan, step, minutes, budget.min_repeats) if s.lead else None)
     if s.lead:
         _record_plan(s, plan, step, verdict, minutes, clock, restart)
@@ -117,11 +119,11 @@ def fit_plan(
         return None
     trimmed = verdict.plan
     if trimmed.probe is not None:
-        probe = replace(probe, granularity=trimmed.probe.granularity)
+        probe = trimmed.probe.config
     points = list(trimmed.points)
     # Shapes compare by value: every rank reaches the same answer from rank 0's broadcast verdict.
     warmed = timed if timed in points else None
-    return Trimmed(points, replace(settings, repeats=trimmed.repeats), probe, warmed, clock)
+    return Trimmed(points, settings.with_steps(repeats=trimmed.repeats), probe, warmed, clock)
 
 
 def _fixed_from_pilots(
@@ -136,7 +138,7 @@ def _fixed_from_pilots(
     if s.budget is None or not smaller or result.peak_mem_gib is None:
         return 0.0
     shape = smaller[-1][1]
-    pilot = measurer.step(shape, replace(settings, warmup=1, repeats=1).fixed())
+    pilot = measurer.step(shape, settings.with_steps(warmup=1, repeats=1).fixed())
     if pilot.status != "ok" or pilot.peak_mem_gib is None:
         return 0.0
     baseline = _baseline(s)
@@ -159,7 +161,7 @@ def _probe_step_to_time(session: RankSession, search: SearchConfig) -> tuple[Sha
         trials = [*point_trials(session), *ProbeState(session.folder, session.config_hash).trials]
     trials = session.broadcast(trials)
     if not any(not t.point for t in trials):
-        start = probe_shape(session, search.start)
+        start = probe_shape(session, search.config.start)
         if not any(t.n == start.n_tokens and not t.fits for t in trials):
             return start, True
     elif (best := bounds(trials)[0]) is not None:
@@ -240,7 +242,7 @@ def fit_probe(measurer: Measurer, plan: Trimmed, prediction: Prediction | None) 
     s, largest = measurer.session, measurer.largest
     if plan.clock is None or largest is None:
         return plan.probe
-    ps = plan.point_settings
+    ps = plan.point_settings.timing
     shape, result = largest
     left = _minutes(s) * 60 - (time.time() - plan.clock.planned_at)
     clock = plan.clock
@@ -252,7 +254,7 @@ def fit_probe(measurer: Measurer, plan: Trimmed, prediction: Prediction | None) 
     search = search_for(s, plan.probe, prediction)
     trial = Plan((), ps.warmup, ps.repeats, search, plan.probe.measure_at_max, tuple(seeds))
     verdict = s.broadcast(fit_budget(trial, step, max(left, 1.0) / 60, ps.repeats) if s.lead else None)
-    probe = replace(plan.probe, granularity=verdict.plan.probe.granularity)
+    probe = verdict.plan.probe.config
     if not s.lead:
         return probe
     line = (

@@ -30,8 +30,9 @@ def converge(measurer: Measurer, settings: PointSettings, baseline: RunFolder | 
     )  # fmt: skip
     key = curve_key(s.settings)
     how = ConvergenceSettings(
-        steps, s.settings.checkpoint.every, s.settings.seed, settings.fault, key,
-        s.budget.gib if s.budget else None, s.budget.baseline_gib if s.budget else 0.0,
+        steps=steps, checkpoint_every=s.settings.checkpoint.every, seed=s.settings.seed, fault=settings.fault,
+        key=key, cap_gib=s.budget.gib if s.budget else None,
+        baseline_gib=s.budget.baseline_gib if s.budget else 0.0,
     )  # fmt: skip
 
     def logged(row: dict[str, Any]) -> None:  # a convergence step into mllog.txt

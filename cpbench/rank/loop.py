@@ -99,7 +99,7 @@ def _run(session: RankSession, spec: RunSpec, baseline: RunFolder | None) -> Non
     measurer.done = session.broadcast(folder.done_keys(session.config_hash) if session.lead else None)
     todo = [
         shape for shape in walltime_points(settings)
-        if measurer.row(shape, "point", point_settings.repeats, None).key not in measurer.done
+        if measurer.row(shape, "point", point_settings.timing.repeats, None).key not in measurer.done
     ]  # fmt: skip
     plan = fit_plan(measurer, todo, point_settings, spec.prediction, spec.restart)
     if plan is None:  # the time budget refused it: nothing runs

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from dataclasses import replace
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -29,6 +28,7 @@ from cpbench.runtime.seed import seed_all
 from cpbench.settings.cp1 import cp1_settings
 from cpbench.settings.identity import config_hash
 from cpbench.settings.schema import Mode
+from cpbench.workloads.base import traits
 
 
 class Measurer:
@@ -103,13 +103,13 @@ class Measurer:
         """The identity of a point's row: what it is and how it is measured."""
         s = self.session
         settings, topology, budget = s.settings, s.ctx.topology, s.budget
-        columns = getattr(s.workload, "columns", None)  # the optional fourth hook
+        columns = traits(s.workload).columns
         return ResultRow(
             workload=s.workload_name, workflow=settings.workflow.value, topology=topology.kind.value,
             cp=topology.cp, grid=topology.grid_label, N_tokens=shape.n_tokens, N_atoms=shape.n_atoms,
             MSA_depth=shape.msa_depth, dtype=settings.dtype.value, kind=kind,
             warmup=settings.timing.warmup, repeats=repeats, seed=settings.seed,
-            config_hash=s.config_hash, extra=dict(columns(s.train)) if callable(columns) else {},
+            config_hash=s.config_hash, extra=dict(columns(s.train)) if columns is not None else {},
             budget_gib=budget.gib if budget else None, baseline_gib=budget.baseline_gib if budget else None,
             predicted_peak_gib=predicted_gib(prediction, shape.n_tokens, s),
             **input_columns(settings.data.path, settings.seed), **self.labels,
@@ -120,12 +120,13 @@ class Measurer:
     ) -> PointResult:
         """A walltime point, recorded; `warmed`: its first two warm-up steps already ran (the budget's)."""
         s = self.session
-        row = self.row(shape, "point", settings.repeats, prediction)
+        timing = settings.timing
+        row = self.row(shape, "point", timing.repeats, prediction)
         if s.lead:
             s.folder.in_flight.start(row.as_dict())
-        s.heartbeat.now(f"N={shape.n_tokens}: {settings.warmup} warm-up and {settings.repeats} timed step(s)")
+        s.heartbeat.now(f"N={shape.n_tokens}: {timing.warmup} warm-up and {timing.repeats} timed step(s)")
         result = self.step(
-            shape, replace(settings, warmup=max(0, settings.warmup - 2)) if warmed else settings
+            shape, settings.with_steps(warmup=max(0, timing.warmup - 2)) if warmed else settings
         )
         # After the steps, so that what the count leaves resident (about 1 MiB a shape on CPU) is not
         # in this point's peak, as it is in no probe step's: fake tensors, untimed, once per shape.

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from dataclasses import replace
 
 import pandas as pd
 
@@ -75,7 +74,7 @@ def run_probe_phase(
             return None
         s.heartbeat.now(f"probe: {probe.warmup} warm-up step(s) at N={shape.n_tokens}")
         last = probe.warmup - 1  # the measurement's one repeat is the last warm-up step
-        warm = measurer.step(shape, replace(one_step, warmup=last, warmup_max=last))
+        warm = measurer.step(shape, one_step.with_steps(warmup=last, warmup_max=last))
         return warm if warm.status != "ok" else None
 
     def shape_at(n: int) -> Shape:
@@ -89,7 +88,7 @@ def run_probe_phase(
         shape = shape_at(best.n if best else fail.n)
         if not (best and probe.measure_at_max):
             break
-        point = measurer.row(shape, "point", settings.repeats, estimate)
+        point = measurer.row(shape, "point", settings.timing.repeats, estimate)
         result = measurer.measure(shape, settings, estimate) if point.key not in measurer.done else None
         if result is None or result.status != "oom":
             break
@@ -99,7 +98,7 @@ def run_probe_phase(
         trials[:] = answered(trials, trial)
         if state is not None:
             state.finish(trial)
-    row = measurer.row(shape, "max-fit", settings.repeats, estimate)
+    row = measurer.row(shape, "max-fit", settings.timing.repeats, estimate)
     if s.lead and row.key not in measurer.done:
         answer = dataclasses.replace(row, **max_fit_row(best, fail)).as_dict()
         s.folder.in_flight.finish(answer)

@@ -26,7 +26,7 @@ from cpbench.runtime.logs import LOG
 from cpbench.runtime.rank import pick_backend
 from cpbench.settings.identity import config_hash
 from cpbench.settings.schema import BenchConfig, Mode, Workflow
-from cpbench.workloads.base import Workload
+from cpbench.workloads.base import Workload, traits
 
 
 def broadcast(value: Any, group: dist.ProcessGroup) -> Any:
@@ -76,7 +76,7 @@ class RankSession:
 
     @property
     def workload_name(self) -> str:
-        return getattr(self.workload, "name", type(self.workload).__name__)
+        return traits(self.workload).name
 
     def broadcast(self, value: Any) -> Any:
         return broadcast(value, self.control)
@@ -109,13 +109,11 @@ class RankSession:
     def point_settings(self) -> PointSettings:
         """How every point of the run is measured, from the settings (the time budget may trim its
         repeats: a new PointSettings, never this one changed)."""
-        settings, timing, f = self.settings, self.settings.timing, self.settings.fault
+        settings = self.settings
         measured = PointSettings(
-            warmup=timing.warmup, repeats=timing.repeats, warmup_max=timing.warmup_max,
-            repeats_max=timing.repeats_max, settle_pct=timing.settle_pct, iqr_pct=timing.iqr_pct,
-            budget=self.budget, fault=Fault(f.rank, f.at_n, f.where, f.kind, f.at_step),
+            timing=replace(settings.timing), budget=self.budget, fault=Fault(settings.fault),
             agree_wait_s=settings.dist.agree_timeout_s, seed=settings.seed,
-            counts_comm=getattr(self.workload, "counts_comm", False),
+            counts_comm=traits(self.workload).counts_comm,
             profile_comm=settings.measure.profile_comm, progress=self.heartbeat.step,
         )  # fmt: skip
         # Runs compared with each other take the same steps (training moves the weights).

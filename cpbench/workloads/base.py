@@ -3,6 +3,7 @@ step contracts (docs/adapters.md)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Protocol
@@ -22,13 +23,8 @@ class Contract(str, Enum):
 
 
 class Workload(Protocol):
-    """A CP model as cpbench drives it. Optional attributes and hooks: `contract` (default native),
-    `columns(train) -> dict` (settings results.csv records in each of its rows), `check_topology(
-    topology)` (refuse a topology before any rank starts), `counts_comm` (True when every collective
-    goes through cpbench.distributed.comm, so comm_ms is complete), `real_job` (a sequence of
-    `RealSetting` and `Limitation`: the job the benchmark stands for, for the what-changed table),
-    `takes_inputs` (True when build_batch reads the user's feature file, `cpbench.inputs.fold_inputs(
-    shape, ctx)`; without it data.path is refused, not ignored)."""
+    """A CP model as cpbench drives it: three hooks, and optional attributes and hooks that
+    `WorkloadTraits` declares with their defaults (cpbench reads them there, never off the workload)."""
 
     name: str
 
@@ -64,3 +60,45 @@ class Limitation:
     real: Any
     why: str
     workflow: str | None = None
+
+
+@dataclass(frozen=True)
+class WorkloadTraits:
+    """A workload's optional attributes and hooks, each with its default: what a workload leaves out
+    is this default, decided here once."""
+
+    name: str  # in rows, plots and logs (default: the class's name)
+    contract: Contract = Contract.native
+    # True when every collective goes through cpbench.distributed.comm, so comm_ms is complete.
+    counts_comm: bool = False
+    # True when build_batch reads the user's feature file (`cpbench.inputs.fold_inputs(shape, ctx)`);
+    # without it data.path is refused, not ignored.
+    takes_inputs: bool = False
+    # The job the benchmark stands for, for the what-changed table: `RealSetting`s and `Limitation`s.
+    real_job: Sequence[RealSetting | Limitation] = ()
+    columns: Callable[[bool], dict] | None = None  # (train) -> settings each results.csv row records
+    check_topology: Callable[[Any], None] | None = None  # refuses a topology before any rank starts
+    # (train) -> the workload with its repeated passes cut to those that set its peak, for a memory trace
+    peak_form: Callable[[bool], Any] | None = None
+    # (passes) -> the workload with `flop_loops(train)` cut to `passes`, for a FLOP count
+    flop_form: Callable[[dict[str, int]], Any] | None = None
+
+
+def traits(workload: Workload) -> WorkloadTraits:
+    """The one place a workload's optional attributes are looked up."""
+
+    def hook(name: str) -> Callable[..., Any] | None:
+        found = getattr(workload, name, None)
+        return found if callable(found) else None
+
+    return WorkloadTraits(
+        name=getattr(workload, "name", type(workload).__name__),
+        contract=Contract(getattr(workload, "contract", Contract.native)),
+        counts_comm=bool(getattr(workload, "counts_comm", False)),
+        takes_inputs=bool(getattr(workload, "takes_inputs", False)),
+        real_job=tuple(getattr(workload, "real_job", ())),
+        columns=hook("columns"),
+        check_topology=hook("check_topology"),
+        peak_form=hook("peak_form"),
+        flop_form=hook("flop_form"),
+    )

@@ -157,10 +157,3 @@ def merge(x: Partial, y: Partial) -> Partial:
 def finish(p: Partial) -> torch.Tensor:
     """The normalised attention output [..., H, Q, d]."""
     return p.o / p.l
-
-
-def cat_partials(parts: list[Partial], dim: int) -> Partial:
-    """Partials of disjoint query slices, side by side."""
-    if len(parts) == 1:
-        return parts[0]
-    return Partial(*(torch.cat(list(xs), dim=dim) for xs in zip(*parts, strict=True)))
