@@ -41,57 +41,18 @@ from cpbench.measure.stats import (
     spread_wide,
 )
 from cpbench.measure.step import StepRunner
+from cpbench.results.row import Measured
 from cpbench.runtime.logs import LOG
 from cpbench.runtime.seed import seed_all
 from cpbench.settings.schema import TimingConfig
 
 
-@dataclass
-class PointResult:
-    """The measured columns of a point's row (`ResultRow`), and its per-op communication table."""
+@dataclass(kw_only=True)
+class PointResult(Measured):
+    """A point's measured columns, and its per-op communication table (comm_ops.csv): per op label,
+    calls, bytes sent (forward, backward) and seconds per step, max over ranks."""
 
-    status: str  # ok | oom
-    peak_mem_gib: float  # max over ranks
-    peak_mem_min_gib: float | None = None  # min over ranks: with the max, how evenly the grid shares memory
-    peak_reserved_gib: float | None = None  # GPU: max over ranks (measure/memory.py `read_peaks`)
-    device_used_gib: float | None = None  # GPU: NVML's used memory of the device, max over ranks
-    walltime_ms: float | None = None  # median over repeats of the slowest rank
-    walltime_iqr_ms: float | None = None
-    forward_ms: float | None = None
-    backward_ms: float | None = None
-    optimizer_ms: float | None = None
-    # One pass of a phase the model marks (core/phases.py), as walltime_ms: blank where none is marked.
-    trunk_ms: float | None = None  # one trunk pass (recycling iteration)
-    sampling_step_ms: float | None = None  # one sampling step (training: the one denoising step)
-    comm_ms: float | None = None  # median over repeats of the largest per-rank time in collectives
-    comm_mib_per_step: float | None = None  # max over ranks of MiB sent per step
-    model_tflop: float | None = None  # the step's counted FLOPs over all ranks (measure/flops.py)
-    tflops_per_rank: float | None = None
-    mfu: float | None = None
-    hardware_tflop: float | None = None  # model_tflop plus a checkpointed forward's recomputation
-    hfu: float | None = None  # mfu of hardware_tflop
-    flops_uncounted: str = ""  # ops outside aten the counter could not see into
-    checksum: float | None = None  # float64 sum of the first step's output over all ranks
-    loss: float | None = None  # native training: the first step's loss (the sum of the ranks' shares)
-    grad_norm: float | None = None  # mode=accuracy, native training: see StepRunner.grad_norm
-    warmup_steps: int | None = None  # the warm-up steps taken
-    repeats: int | None = None  # the timed repeats taken
-    # The first warm-up step of the slowest rank: the steady walltime plus one-off costs (compilation,
-    # autotuning, allocator growth), kept apart from the steady median.
-    first_step_ms: float | None = None
-    # Every timed repeat of the slowest rank, in order: what a confidence interval of the median needs.
-    repeats_ms: str = ""
-    error: str = ""
-    # Per op label: calls, bytes sent (forward, backward) and seconds per step, max over ranks.
     comm_ops: list[dict[str, Any]] = field(default_factory=list)
-
-    def as_row(self) -> dict[str, Any]:
-        """The row's measured columns; a figure not measured (NaN: a phase of a whole step) is blank."""
-        row = asdict(self)
-        del row["comm_ops"]
-        if row["repeats"] is None:  # not measured: the row keeps the repeats it was set to take
-            del row["repeats"]
-        return {k: None if isinstance(v, float) and math.isnan(v) else v for k, v in row.items()}
 
 
 def _reduce(values: list[float], group: dist.ProcessGroup, op: dist.ReduceOp) -> list[float]:
@@ -249,7 +210,9 @@ def measure_point(
         dist.all_gather_object(messages, failure, group=control)
         first = next((f"rank {r}: {m}" for r, m in enumerate(messages) if m), "")
         return PointResult(status="oom", peak_mem_gib=peak, **memory, error=first)
-    result = replace(_summarise(timed, peak, control, loss=runner.returns_loss), **memory)
+    result = _summarise(timed, peak, control, loss=runner.returns_loss)
+    per_s = shape.n_tokens / (result.walltime_ms / 1e3) if result.walltime_ms else None
+    result = replace(result, **memory, tokens_per_s=per_s)
     if settings.profile_comm:
         seconds = _reduce([timed.profiled_s], control, dist.ReduceOp.MAX)[0]
         return replace(result, comm_ms=seconds * 1e3, comm_mib_per_step=None, comm_ops=[])

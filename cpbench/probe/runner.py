@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
+from dataclasses import replace
 
 from cpbench.core import Shape, Topology
 from cpbench.measure.point import PointResult
 from cpbench.probe.search import SearchConfig, Trial, bounds, next_trial
 from cpbench.probe.state import ProbeState
+from cpbench.results.row import Measured, ResultRow
 from cpbench.runtime.logs import LOG
 from cpbench.settings.schema import ProbeConfig
 
@@ -76,12 +77,12 @@ def run_probe(
     return best, fail
 
 
-def max_fit_row(best: Trial | None, fail: Trial | None) -> dict[str, Any]:
+def max_fit_row(row: ResultRow, best: Trial | None, fail: Trial | None) -> ResultRow:
     """The headline row: the largest N that fits, its peak, and the first N that did not."""
-    return {
-        "status": "ok" if best else "oom",
-        "peak_mem_gib": best.peak_gib if best else None,
-        "peak_mem_min_gib": best.peak_min_gib if best else None,
-        "oom_at": fail.n if fail else None,
-        "error": "" if best else f"nothing fits: N={fail.n} already does not",
-    }
+    measured = Measured(
+        status="ok" if best else "oom",
+        peak_mem_gib=best.peak_gib if best else None,
+        peak_mem_min_gib=best.peak_min_gib if best else None,
+        error="" if best else f"nothing fits: N={fail.n} already does not",
+    )
+    return replace(row.with_measured(measured), oom_at=fail.n if fail else None)

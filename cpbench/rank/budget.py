@@ -78,15 +78,15 @@ def fit_plan(
     s.heartbeat.now(f"budget: timing one step at N={timed.n_tokens}")
     planned_at, timer = time.time(), time.perf_counter()  # when (the run's clock), and how long (monotonic)
     if todo:  # the largest point's FLOP count, which it needs anyway (once per shape): each point pays one
-        measurer.count(timed)
+        measurer.model.count(timed)
     count_s = s.broadcast(time.perf_counter() - timer)
     timer = time.perf_counter()
     state = ProbeState(s.folder, s.config_hash) if s.lead and in_flight else None
-    if s.lead and todo:  # the largest point's own warm-up: a crash in it is that point's
-        s.folder.in_flight.start(measurer.row(timed, "point", settings.timing.repeats, prediction).as_dict())
+    if todo:  # the largest point's own warm-up: a crash in it is that point's
+        measurer.recorder.start(measurer.row(timed, "point", settings.timing.repeats, prediction))
     elif state is not None:  # the probe's start: out of memory in it, even on one rank alone, is its answer
         state.start(timed.n_tokens)
-    result = measurer.step(timed, settings.with_steps(warmup=1, repeats=1).fixed())
+    result = measurer.model.step(timed, settings.with_steps(warmup=1, repeats=1).fixed())
     took = s.broadcast(time.perf_counter() - timer)  # rank 0's, on every rank
     if state is not None and result.status == "ok":
         state.land()
@@ -138,7 +138,7 @@ def _fixed_from_pilots(
     if s.budget is None or not smaller or result.peak_mem_gib is None:
         return 0.0
     shape = smaller[-1][1]
-    pilot = measurer.step(shape, settings.with_steps(warmup=1, repeats=1).fixed())
+    pilot = measurer.model.step(shape, settings.with_steps(warmup=1, repeats=1).fixed())
     if pilot.status != "ok" or pilot.peak_mem_gib is None:
         return 0.0
     baseline = _baseline(s)
@@ -234,12 +234,15 @@ def _record_plan(
     )
 
 
-def fit_probe(measurer: Measurer, plan: Trimmed, prediction: Prediction | None) -> ProbeConfig:
+def fit_probe(
+    measurer: Measurer, plan: Trimmed, prediction: Prediction | None,
+    largest: tuple[Shape, PointResult] | None,
+) -> ProbeConfig:  # fmt: skip
     """Before the probe, its estimate again from the largest point measured (its step and peak are
     nearer the probe's N than the first step's; the points' peaks tell the fixed part of the peak from
     the part that grows) against the budget left: a coarser granularity when
     that fits it; else a warning, and the probe runs as trimmed (the points are measured)."""
-    s, largest = measurer.session, measurer.largest
+    s = measurer.session
     if plan.clock is None or largest is None:
         return plan.probe
     ps = plan.point_settings.timing

@@ -41,7 +41,7 @@ def converge(measurer: Measurer, settings: PointSettings, baseline: RunFolder | 
 
     try:
         curve = run_convergence(
-            measurer.runner, shape, s.ctx, s.control, s.folder, how, s.heartbeat.step, logged
+            measurer.model.runner(), shape, s.ctx, s.control, s.folder, how, s.heartbeat.step, logged
         )
     except Exception as err:  # out of memory outside a step (a checkpoint, a lazy import) too
         if not is_oom(err):

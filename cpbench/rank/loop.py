@@ -29,6 +29,7 @@ from cpbench.record import metadata, run_record
 from cpbench.record.mllog import constants
 from cpbench.report.single import write_report
 from cpbench.results.folder import RunFolder
+from cpbench.results.row import shape_key
 from cpbench.runtime import logs
 from cpbench.runtime.logs import LOG
 from cpbench.runtime.rank import rank_runtime
@@ -90,24 +91,21 @@ def _run(session: RankSession, spec: RunSpec, baseline: RunFolder | None) -> Non
         LOG.warning("N=%s was in flight when the last run stopped: measured again", again["N_tokens"])
     point_settings = session.point_settings()
     session.record_start(spec.what_changed, point_settings, spec.restart > 0)
-    measurer = Measurer(session, baseline)
+    measurer = Measurer.open(session, baseline)
     session.mllog.end(constants.INIT_STOP)
     session.mllog.start(constants.RUN_START)
     if settings.workflow is Workflow.convergence:
         converge(measurer, point_settings, baseline)
         return
-    measurer.done = session.broadcast(folder.done_keys(session.config_hash) if session.lead else None)
-    todo = [
-        shape for shape in walltime_points(settings)
-        if measurer.row(shape, "point", point_settings.timing.repeats, None).key not in measurer.done
-    ]  # fmt: skip
+    done = frozenset(session.broadcast(folder.done_keys(session.config_hash) if session.lead else None))
+    todo = [shape for shape in walltime_points(settings) if shape_key("point", shape) not in done]
     plan = fit_plan(measurer, todo, point_settings, spec.prediction, spec.restart)
     if plan is None:  # the time budget refused it: nothing runs
         return
-    measure_points(measurer, plan.points, plan.point_settings, spec.prediction, plan.warmed)
+    points = measure_points(measurer, plan.points, plan.point_settings, spec.prediction, plan.warmed, done)
     if settings.probe.enabled:
-        probe = fit_probe(measurer, plan, spec.prediction)
-        run_probe_phase(measurer, probe, plan.point_settings, spec.prediction)
+        probe = fit_probe(measurer, plan, spec.prediction, points.largest)
+        run_probe_phase(measurer, probe, plan.point_settings, spec.prediction, points.done)
     lift_budget(session.ctx.device)  # the cap is for the measured steps: the report is not one of them
     if session.lead:
         # When it ended, so that a merge can tell runs that overlapped on one host.

@@ -5,7 +5,6 @@ moves with it (docs/probe.md)."""
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 
 import pandas as pd
@@ -18,8 +17,7 @@ from cpbench.probe.search import SearchConfig, Trial, answered
 from cpbench.probe.state import ProbeState
 from cpbench.rank.points import Measurer, predicted_gib
 from cpbench.rank.session import RankSession
-from cpbench.record.mllog import MAX_FIT
-from cpbench.results.row import BASELINE
+from cpbench.results.row import BASELINE, shape_key
 from cpbench.runtime.logs import LOG
 from cpbench.settings.schema import ProbeConfig
 from cpbench.sweep import resolve_shape
@@ -39,10 +37,11 @@ def search_for(session: RankSession, probe: ProbeConfig, prediction: Prediction 
 
 
 def run_probe_phase(
-    measurer: Measurer, probe: ProbeConfig, settings: PointSettings, prediction: Prediction | None
-) -> None:
+    measurer: Measurer, probe: ProbeConfig, settings: PointSettings, prediction: Prediction | None,
+    done: frozenset[str],
+) -> None:  # fmt: skip
     """The probe with `probe`'s settings (the budget may have made its granularity coarser); `settings`
-    are how the full measurement at its answer is taken."""
+    are how the full measurement at its answer is taken, unless `done` (the row keys measured) has it."""
     s = measurer.session
     state = ProbeState(s.folder, s.config_hash) if s.lead else None
     if state is not None and (n := state.resume_in_flight(s.settings.launch.max_restarts)) is not None:
@@ -64,7 +63,7 @@ def run_probe_phase(
 
     def step_at(shape: Shape) -> PointResult:
         s.heartbeat.now(f"probe step {next(steps)}: N={shape.n_tokens}")
-        return measurer.step(shape, one_step)
+        return measurer.model.step(shape, one_step)
 
     def warm_at(shape: Shape) -> PointResult | None:
         """probe.warmup steps at this N as a measurement of their own, so that the probe step after
@@ -74,7 +73,7 @@ def run_probe_phase(
             return None
         s.heartbeat.now(f"probe: {probe.warmup} warm-up step(s) at N={shape.n_tokens}")
         last = probe.warmup - 1  # the measurement's one repeat is the last warm-up step
-        warm = measurer.step(shape, one_step.with_steps(warmup=last, warmup_max=last))
+        warm = measurer.model.step(shape, one_step.with_steps(warmup=last, warmup_max=last))
         return warm if warm.status != "ok" else None
 
     def shape_at(n: int) -> Shape:
@@ -88,8 +87,8 @@ def run_probe_phase(
         shape = shape_at(best.n if best else fail.n)
         if not (best and probe.measure_at_max):
             break
-        point = measurer.row(shape, "point", settings.timing.repeats, estimate)
-        result = measurer.measure(shape, settings, estimate) if point.key not in measurer.done else None
+        measured = shape_key("point", shape) in done
+        result = None if measured else measurer.measure(shape, settings, estimate)
         if result is None or result.status != "oom":
             break
         LOG.warning("probe: the full measurement at N=%d ran out of memory: searching below it", best.n)
@@ -98,11 +97,9 @@ def run_probe_phase(
         trials[:] = answered(trials, trial)
         if state is not None:
             state.finish(trial)
-    row = measurer.row(shape, "max-fit", settings.timing.repeats, estimate)
-    if s.lead and row.key not in measurer.done:
-        answer = dataclasses.replace(row, **max_fit_row(best, fail)).as_dict()
-        s.folder.in_flight.finish(answer)
-        s.mllog.event(MAX_FIT, answer["N_tokens"], metadata=answer)
+    if shape_key("max-fit", shape) not in done:
+        row = measurer.row(shape, "max-fit", settings.timing.repeats, estimate)
+        measurer.recorder.max_fit(max_fit_row(row, best, fail))
 
 
 def _calibrated(

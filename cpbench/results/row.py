@@ -1,47 +1,32 @@
 """A results row, declared once: the columns of results.csv in the order of the contract
 (docs/measurement.md), which of them are labels (read back as text, whatever they look like) and the
-resume key of a point.
-A new column is one field here."""
+resume key of a point. A column is one field here: a measured one of `Measured`, which the measurement
+fills (cpbench/measure/point.py), any other one of `ResultRow`."""
 
 from __future__ import annotations
 
 import dataclasses
+import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from cpbench.core import Shape
 
 
 @dataclass(kw_only=True)
-class ResultRow:
-    # What the point is (known before it runs; a point in flight is recorded with these alone).
-    workload: str
-    workflow: str
-    topology: str
-    cp: int
-    grid: str
-    N_tokens: int
-    N_atoms: int
-    MSA_depth: int
-    dtype: str
-    # What was measured.
+class Measured:
+    """What a point's steps measured: results.csv's measured columns, after the point's identity."""
+
     status: str | None = None  # ok | oom | crashed | error | mismatch (mode=accuracy: differs from cp=1)
     peak_mem_gib: float | None = None  # max over ranks
     walltime_ms: float | None = None  # median over repeats of the slowest rank
     walltime_iqr_ms: float | None = None
     tokens_per_s: float | None = None
-    comm_ms: float | None = None
-    checksum: float | None = None
-    kind: str  # point | max-fit
-    # The workload's preset (the config-group choice, `workload=fold_small`; the `workload_preset`
-    # setting overrides it) and a hash of its resolved settings, first after the contract's columns:
-    # rows of two presets, or of one preset with other sizes, are different experiments
-    # (cpbench/record/metadata.py `workload_labels`).
-    preset: str = ""
-    sizes_hash: str = ""
-    # data.path: the input's name, its chain count and its MSA's rows (MSA_depth: those run, data.msa_depth)
-    input: str = ""
-    chains: int | None = None
-    input_msa_depth: int | None = None
-    oom_at: int | None = None  # max-fit rows: the first N that did not fit
+    comm_ms: float | None = None  # median over repeats of the largest per-rank time in collectives
+    checksum: float | None = None  # float64 sum of the first step's output over all ranks
     forward_ms: float | None = None
     backward_ms: float | None = None
     optimizer_ms: float | None = None
@@ -49,7 +34,7 @@ class ResultRow:
     # one trunk pass and one sampling step (training: its denoising step); blank without phases.
     trunk_ms: float | None = None
     sampling_step_ms: float | None = None
-    comm_mib_per_step: float | None = None
+    comm_mib_per_step: float | None = None  # max over ranks of MiB sent per step
     # Model FLOPs of the step over all ranks (counted, docs/measurement.md), the achieved TFLOP/s of one
     # rank and its MFU (blank where the device's peak is unknown); ops outside aten, not counted.
     model_tflop: float | None = None
@@ -59,12 +44,7 @@ class ResultRow:
     # the hardware ran (HFU). Equal to model_tflop and mfu without recomputation.
     hardware_tflop: float | None = None
     hfu: float | None = None
-    flops_uncounted: str = ""
-    # probe.predict: the fake-tensor estimate of peak_mem_gib (the baseline included, as the measure)
-    predicted_peak_gib: float | None = None
-    # max-fit rows of built-in workloads: who holds the peak at that N by the fake-tensor trace, the
-    # two largest holders and their shares (app/peak_holders.py), e.g. "msa.tri_mul_out 61%, ..."
-    peak_holder: str = ""
+    flops_uncounted: str = ""  # ops outside aten the counter could not see into
     peak_mem_min_gib: float | None = None  # the least peak over ranks: beside the max, the grid's imbalance
     # GPU, beside peak_mem_gib (tensors): the caching allocator's peak of reserved segments, and NVML's
     # used memory of the device at the peak (every process on it: the CUDA context and NCCL's buffers
@@ -80,9 +60,50 @@ class ResultRow:
     warmup_steps: int | None = None
     first_step_ms: float | None = None
     repeats_ms: str = ""  # every timed repeat's walltime (slowest rank), space-separated
+    repeats: int | None = None  # the timed repeats taken (not measured: those the point was set to take)
+    error: str = ""
+
+    def columns(self) -> dict[str, Any]:
+        """The measured columns; a figure not measured (NaN: a phase of a whole step) is blank."""
+        values = {name: getattr(self, name) for name in MEASURED}
+        return {k: None if isinstance(v, float) and math.isnan(v) else v for k, v in values.items()}
+
+
+MEASURED: list[str] = [f.name for f in dataclasses.fields(Measured)]
+
+
+@dataclass(kw_only=True)
+class ResultRow:
+    # What the point is (known before it runs; a point in flight is recorded with these alone).
+    workload: str
+    workflow: str
+    topology: str
+    cp: int
+    grid: str
+    N_tokens: int
+    N_atoms: int
+    MSA_depth: int
+    dtype: str
+    measured: Measured = field(default_factory=Measured)  # its columns in its place
+    kind: str  # point | max-fit
+    # The workload's preset (the config-group choice, `workload=fold_small`; the `workload_preset`
+    # setting overrides it) and a hash of its resolved settings, first after the contract's columns:
+    # rows of two presets, or of one preset with other sizes, are different experiments
+    # (cpbench/record/metadata.py `workload_labels`).
+    preset: str = ""
+    sizes_hash: str = ""
+    # data.path: the input's name, its chain count and its MSA's rows (MSA_depth: those run, data.msa_depth)
+    input: str = ""
+    chains: int | None = None
+    input_msa_depth: int | None = None
+    oom_at: int | None = None  # max-fit rows: the first N that did not fit
+    # probe.predict: the fake-tensor estimate of peak_mem_gib (the baseline included, as the measure)
+    predicted_peak_gib: float | None = None
+    # max-fit rows of built-in workloads: who holds the peak at that N by the fake-tensor trace, the
+    # two largest holders and their shares (app/peak_holders.py), e.g. "msa.tri_mul_out 61%, ..."
+    peak_holder: str = ""
     # How it was measured.
     warmup: int  # the warm-up floor (timing.warmup); warmup_steps says how many were taken
-    repeats: int  # the timed repeats taken (before the point is measured: timing.repeats)
     seed: int
     config_hash: str
     # The per-rank memory cap and what rank 0 held after start-up (CPU); a point fits when its peak
@@ -93,20 +114,44 @@ class ResultRow:
     memory_budget: str = ""
     device: str = ""  # the device model the ranks ran on (run.json's `device`)
     baseline_gib: float | None = None
-    error: str = ""
     # "" for a row this run measured; "baseline" for a row of the cp=1 baseline copied in beside it
     # (cpbench/app/baseline.py): never resumed as this run's point, compared against in the readout.
     source: str = ""
     # Settings a workload records in each of its rows (its optional `columns` hook), after these.
     extra: dict[str, Any] = field(default_factory=dict)
 
+    def with_measured(self, measured: Measured) -> ResultRow:
+        """This point measured; one not measured keeps the repeats it was set to take."""
+        if measured.repeats is None:
+            measured = dataclasses.replace(measured, repeats=self.measured.repeats)
+        return dataclasses.replace(self, measured=measured)
+
     @property
     def key(self) -> str:
         return point_key(self.kind, self.N_tokens, self.N_atoms, self.MSA_depth)
 
     def as_dict(self) -> dict[str, Any]:
-        row = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "extra"}
+        row: dict[str, Any] = {}
+        for f in _FIELDS:
+            row.update(self.measured.columns() if f.name == "measured" else {f.name: getattr(self, f.name)})
         return {**row, **self.extra}
+
+
+@dataclass(frozen=True)
+class RowIdentity:
+    """What every row of a run holds alike (ResultRow's columns that no point changes), made once per
+    rank; a point's row adds its shape, its kind and the repeats it is set to take."""
+
+    columns: Mapping[str, Any]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "columns", MappingProxyType(dict(self.columns)))
+
+    def row(self, shape: Shape, kind: str, repeats: int, predicted_peak_gib: float | None) -> ResultRow:
+        return ResultRow(
+            **self.columns, N_tokens=shape.n_tokens, N_atoms=shape.n_atoms, MSA_depth=shape.msa_depth,
+            kind=kind, predicted_peak_gib=predicted_peak_gib, measured=Measured(repeats=repeats),
+        )  # fmt: skip
 
 
 def point_key(kind: str, n_tokens: int, n_atoms: int, msa_depth: int) -> str:
@@ -114,9 +159,15 @@ def point_key(kind: str, n_tokens: int, n_atoms: int, msa_depth: int) -> str:
     return f"{kind}:{n_tokens}:{n_atoms}:{msa_depth}"
 
 
+def shape_key(kind: str, shape: Shape) -> str:
+    return point_key(kind, shape.n_tokens, shape.n_atoms, shape.msa_depth)
+
+
 BASELINE = "baseline"  # the `source` of a cp=1 baseline row
 
+
 _FIELDS = [f for f in dataclasses.fields(ResultRow) if f.name != "extra"]
-COLUMNS: list[str] = [f.name for f in _FIELDS]
+_ALL = [g for f in _FIELDS for g in (dataclasses.fields(Measured) if f.name == "measured" else [f])]
+COLUMNS: list[str] = [f.name for f in _ALL]
 # Label columns: a config hash such as 6168e7108345 would otherwise parse as a float (inf).
-TEXT_COLUMNS: tuple[str, ...] = tuple(f.name for f in _FIELDS if f.type in ("str", "str | None"))
+TEXT_COLUMNS: tuple[str, ...] = tuple(f.name for f in _ALL if f.type in ("str", "str | None"))
