@@ -14,9 +14,9 @@ with loaded():
     from omegaconf import DictConfig
 
     from cpbench.app.campaign import run
-    from cpbench.app.checks import checked
     from cpbench.app.multirun import plan_run, run_job, sweep_job_dir
-    from cpbench.callbacks import CheckOutputDir
+    from cpbench.app.preflight import checked
+    from cpbench.app.process import begin
     from cpbench.experiment.runner import run_plan
     from cpbench.settings.schema import register
 
@@ -44,12 +44,12 @@ def app(cfg: DictConfig) -> None:
 
 
 def main() -> None:
-    CheckOutputDir.composed = False  # this call's: main() may run again in one process (tests/conftest.py)
+    call = begin()
     try:
         app()
     except SystemExit as done:
         # Hydra exits 1 for its own config errors (an unknown key, a bad override): a bad input, as ours.
-        if done.code == 1 and not CheckOutputDir.composed:
+        if done.code == 1 and not call.composed:
             raise SystemExit(2) from None
         raise
 

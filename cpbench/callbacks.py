@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import sys
 from pathlib import Path
 from typing import Any
@@ -10,20 +9,20 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
+from cpbench.app.process import this_call
+
 
 class CheckOutputDir(Callback):
     """Before Hydra makes the run's folder: one that cannot be written is a bad input (exit 2), not
-    Hydra's traceback. Its call also tells that Hydra composed the config (`composed`): an exit before
-    that is Hydra rejecting the config or an override."""
-
-    composed = False
+    Hydra's traceback. Its call also tells that Hydra composed the config: an exit before that is Hydra
+    rejecting the config or an override."""
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
-        CheckOutputDir.composed = True
+        this_call().composed = True
         self._check(str(config.output_dir))
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        CheckOutputDir.composed = True
+        this_call().composed = True
         self._check(str(config.hydra.sweep.dir))
 
     @staticmethod
@@ -36,11 +35,6 @@ class CheckOutputDir(Callback):
         except ConfigError as err:
             print(f"cpbench: error: {err}", file=sys.stderr)
             raise SystemExit(2) from None
-
-
-# What watches the sweep's jobs while it runs; not the callback's own: a Hydra submitit launcher pickles
-# the callbacks into every job.
-_WATCHING = contextlib.ExitStack()
 
 
 class MergeSweep(Callback):
@@ -56,14 +50,14 @@ class MergeSweep(Callback):
         from cpbench.launch.slurm import log_submitit_to, watch_hydra_jobs
 
         log_submitit_to(Path(str(config.hydra.sweep.dir)) / ".submitit" / "submitit.log")
-        _WATCHING.enter_context(watch_hydra_jobs(config.hydra, tell))
+        this_call().watching.enter_context(watch_hydra_jobs(config.hydra, tell))
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         # Imported here: every Hydra run builds its callbacks, few of them end a multirun.
         from cpbench.app.campaign import finish_deferred
         from cpbench.report.merge import merge
 
-        _WATCHING.close()
+        this_call().watching.close()
         finish_deferred()
         sweep_dir = Path(str(config.hydra.sweep.dir))
         if not sweep_dir.is_dir():

@@ -14,11 +14,11 @@ from conftest import cpbench, ok
 from hydra import compose, initialize_config_module
 from mlperf_logging.compliance_checker import mlp_parser
 
+from cpbench.checks.reference_curve import REFERENCE_DIR
 from cpbench.core import ConfigError
 from cpbench.measure import checkpoint
 from cpbench.measure.convergence import Comparison, batch_seed, compare
 from cpbench.report import merge
-from cpbench.report.reference import REFERENCE_DIR
 from cpbench.settings.schema import register
 from cpbench.settings.validate import to_settings, validate
 
@@ -58,7 +58,7 @@ def test_the_curve_at_1d_cp2_and_2d_2x2_equals_cp1s(run, request):
     assert curve["loss"].iloc[-1] < 0.8 * curve["loss"].iloc[0]  # it trains
     summary = json.loads((out / "run.json").read_text())["convergence"]
     # The run found the reference of its configuration by itself, and says so.
-    regenerate = "a stale reference: python -m cpbench.report.reference"
+    regenerate = "a stale reference: python -m cpbench.reference_curves"
     assert summary["reference"].startswith(str(REFERENCE_DIR)), regenerate
     assert summary["match"] and summary["steps"] == STEPS and summary["step"] is None
     assert (out / "convergence.png").stat().st_size > 0

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_module
 
-from cpbench.app.checks import checked
+from cpbench.app.preflight import checked
 from cpbench.core import ConfigError
 from cpbench.experiment.plan import (
     BASELINE,

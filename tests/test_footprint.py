@@ -1,4 +1,4 @@
-"""Nothing left behind, checked (cpbench.plan.footprint): a stray file written by a workload outside
+"""Nothing left behind, checked (cpbench.checks.footprint): a stray file written by a workload outside
 output_dir is caught and reported in cp_benchmark.md and on stderr; a normal run reports nothing."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from conftest import FAST, cpbench, ok
 
-from cpbench.plan.footprint import Snapshot
+from cpbench.checks.footprint import Snapshot
 
 STRAY = ["workload=adapter", "workload.module=adapters.stray_writer", "workload.contract=native",
          "topology.cp=1", "sweep.n_tokens=[16]", *FAST]  # fmt: skip

@@ -15,7 +15,7 @@ from omegaconf import OmegaConf
 
 from cpbench.core import ConfigError
 from cpbench.measure import memory
-from cpbench.measure.budget import gpu_cap
+from cpbench.measure.cap import gpu_cap
 from cpbench.measure.memory import GIB
 from cpbench.record import nvml
 from cpbench.record.run_record import MemoryCap, RunMetadata

@@ -58,6 +58,6 @@ def test_a_key_moves_with_its_settings_and_with_nothing_else(name):
 
 def test_the_published_curves_keep_their_keys():
     """docs/reference/ is named by curve_key: the axial_mix N=32 reference is still found."""
-    from cpbench.report.reference import find
+    from cpbench.checks.reference_curve import find
 
     assert find(identity.curve_key(settings("workload=axial_mix", "shape.n_tokens=32"))) is not None

@@ -10,7 +10,7 @@ from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
 from cpbench.app.campaign import run
-from cpbench.app.checks import check_runs_of_its_own
+from cpbench.app.preflight import check_runs_of_its_own
 from cpbench.core import ConfigError, Topology
 from cpbench.launch import registry
 from cpbench.launch.base import Finished, Launcher, Notify

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from cpbench.core import Topology
-from cpbench.measure.budget import budget_gib
+from cpbench.measure.cap import cap_gib
 from cpbench.probe import predict
 from cpbench.runtime.rank import device_type
 from cpbench.settings.schema import BenchConfig, MemoryConfig
@@ -16,10 +16,10 @@ pytestmark = pytest.mark.unit  # in-process: the fast lane (pytest -m unit)
 
 
 def test_a_set_budget_holds_everywhere_and_a_null_one_takes_the_cpu_cap_on_cpu_alone():
-    assert budget_gib(MemoryConfig(budget_gib=3.0, cpu_budget_gib=0.5), "cpu") == 3.0
-    assert budget_gib(MemoryConfig(budget_gib=3.0, cpu_budget_gib=0.5), "cuda") == 3.0
-    assert budget_gib(MemoryConfig(budget_gib=None, cpu_budget_gib=0.5), "cpu") == 0.5
-    assert budget_gib(MemoryConfig(budget_gib=None, cpu_budget_gib=0.5), "cuda") is None
+    assert cap_gib(MemoryConfig(budget_gib=3.0, cpu_budget_gib=0.5), "cpu") == 3.0
+    assert cap_gib(MemoryConfig(budget_gib=3.0, cpu_budget_gib=0.5), "cuda") == 3.0
+    assert cap_gib(MemoryConfig(budget_gib=None, cpu_budget_gib=0.5), "cpu") == 0.5
+    assert cap_gib(MemoryConfig(budget_gib=None, cpu_budget_gib=0.5), "cuda") is None
     assert (device_type("gloo"), device_type("nccl")) == ("cpu", "cuda")
 
 

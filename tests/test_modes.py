@@ -18,7 +18,7 @@ import torch.distributed as dist
 from conftest import cpbench, ok, rank_processes, results
 from omegaconf import OmegaConf
 
-from cpbench.app.checks import check_runs_of_its_own
+from cpbench.app.preflight import check_runs_of_its_own
 from cpbench.checks.accuracy import check_point, disagreements, tolerance
 from cpbench.checks.repeat import repeat_spread, spread
 from cpbench.core import ConfigError, Shape, Topology

@@ -16,7 +16,7 @@ from test_what_changed import settings
 
 from cpbench.core import phases
 from cpbench.core.phases import phase, slowest_median_ms, timing
-from cpbench.plan.changes import what_changed
+from cpbench.preview.changes import what_changed
 from cpbench.record.run_record import Change, RunRecord
 from cpbench.report.markdown import render
 from cpbench.workloads.fold import FoldWorkload

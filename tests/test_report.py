@@ -71,7 +71,7 @@ def sweep(tmp_path) -> Path:
     (root / "4_cp8").mkdir()
     RunFolder(root / "4_cp8").record_failure(1, "rank 3 failed: RuntimeError: NCCL error", cp=8)
     killed = _run(root / "5_cp4", 4, [_row(4, 128, walltime_ms=9.0, walltime_iqr_ms=1.0, comm_ms=5.0)])
-    RunFolder(killed).in_flight.start(_row(4, 256))
+    RunFolder(killed).point_in_flight.start(_row(4, 256))
     return root
 
 

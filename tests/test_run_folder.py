@@ -7,7 +7,7 @@ import os
 import pytest
 
 from cpbench.app.outcome import close_failed
-from cpbench.probe.in_flight import WorkInFlight
+from cpbench.probe.in_flight import InFlight
 from cpbench.probe.search import Trial
 from cpbench.probe.state import ProbeState
 from cpbench.results.folder import RepeatedCrash, RunFolder
@@ -40,7 +40,7 @@ def test_a_failed_write_keeps_the_old_file(tmp_path):
 
 def test_in_flight_finish_close_and_abandon(tmp_path):
     folder = RunFolder(tmp_path)
-    flight = folder.in_flight
+    flight = folder.point_in_flight
     assert flight.row() is None and flight.close("crashed", "x") is None
     flight.start(ROW)
     assert flight.row() == ROW
@@ -68,22 +68,22 @@ def test_probe_state_interrupt_keeps_the_trials_and_retries_the_n(tmp_path):
 
 def test_one_record_over_the_point_and_the_probe_n_in_flight(tmp_path):
     folder = RunFolder(tmp_path)
-    work = WorkInFlight(folder)
+    work = InFlight(folder)
     assert work.where() is None and work.interrupt() is None
     probe = ProbeState(folder, "abc")
     probe.start(256)
-    folder.in_flight.start(ROW)
+    folder.point_in_flight.start(ROW)
     assert work.interrupt() == "N=16"  # the point is named first; both are marked at once
-    assert folder.in_flight.resume(max_restarts=0) == ROW  # a signal is no crash: measured again
+    assert folder.point_in_flight.resume(max_restarts=0) == ROW  # a signal is no crash: measured again
     assert ProbeState(folder, "abc").resume_in_flight(max_restarts=0) == 256
     # Crashes count by one rule for both: a run that dies at the item without a signal is one.
     with pytest.raises(RepeatedCrash, match="crashed 1 time"):
-        folder.in_flight.resume(max_restarts=0)
+        folder.point_in_flight.resume(max_restarts=0)
     assert list(folder.read_results()["status"]) == ["crashed"]  # the point, recorded as crashed
     with pytest.raises(RepeatedCrash, match="probe: N=256 crashed 1 time"):
         ProbeState(folder, "abc").resume_in_flight(max_restarts=0)
     # Out of memory on one rank alone closes both: the point as oom, the N as not fitting.
-    folder.in_flight.start({**ROW, "N_tokens": 32})
+    folder.point_in_flight.start({**ROW, "N_tokens": 32})
     assert work.where() == "N=32"
     work.close_oom("rank 1: out of memory")
     assert list(folder.read_results()["status"]) == ["crashed", "oom"] and work.where() is None
@@ -92,12 +92,12 @@ def test_one_record_over_the_point_and_the_probe_n_in_flight(tmp_path):
 
 def test_close_failed_records_the_point_the_report_and_the_failure(tmp_path):
     folder = RunFolder(tmp_path)
-    folder.in_flight.start(ROW)
+    folder.point_in_flight.start(ROW)
     close_failed(folder, 2, "error", "rank 1 failed: RuntimeError: boom", 1, "Traceback ...")
     assert list(folder.read_results()["status"]) == ["error"]
     failure = folder.read_failure()
     assert failure["exit_code"] == 1 and failure["cp"] == 2 and failure["error"].startswith("rank 1 failed")
-    assert folder.report.exists() and folder.in_flight.row() is None
+    assert folder.report.exists() and folder.point_in_flight.row() is None
     close_failed(folder, 2, "error", "a later consequence", first=True)
     assert folder.read_failure()["error"].startswith("rank 1 failed")  # the first cause is kept
     folder.clear_failure()

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from cpbench.app.baseline import refusal
-from cpbench.plan.changes import budget_rows
+from cpbench.preview.changes import budget_rows
 from cpbench.record import run_record
 from cpbench.record.run_record import (
     Change,

@@ -12,7 +12,7 @@ from conftest import TIMING, cpbench, ok, refused, results
 from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
-from cpbench.plan.changes import what_changed
+from cpbench.preview.changes import what_changed
 from cpbench.settings.schema import register
 
 TRAIN = ["workflow=training", "sweep.n_tokens=[16,32]", "probe.enabled=false", "log.progress=false"]

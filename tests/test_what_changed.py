@@ -1,4 +1,4 @@
-"""The what-changed table (cpbench.plan.changes): every way a benchmark differs from the real job it
+"""The what-changed table (cpbench.preview.changes): every way a benchmark differs from the real job it
 stands for, from the workload's declared production settings or the user's `job=path.yaml`."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
 from cpbench.core import ConfigError
-from cpbench.plan.changes import load_job, what_changed
+from cpbench.preview.changes import load_job, what_changed
 from cpbench.record.run_record import Change, RunRecord
 from cpbench.report.markdown import render
 from cpbench.report.sections.what_changed import what_changed_lines

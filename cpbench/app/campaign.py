@@ -16,11 +16,13 @@ from omegaconf import DictConfig, OmegaConf
 from torch.distributed.elastic.multiprocessing.api import SignalException
 
 from cpbench.app.baseline import attach_baseline, refusal
-from cpbench.app.checks import CheckedRun, checked_run
 from cpbench.app.interrupt import Interrupted, close_interrupted, in_flight, signals_end_the_run
 from cpbench.app.outcome import close_failed
 from cpbench.app.peak_holders import record_peak_holders
+from cpbench.app.preflight import CheckedRun, checked_run
+from cpbench.app.process import this_call
 from cpbench.checks.accuracy import MISMATCH
+from cpbench.checks.footprint import Snapshot
 from cpbench.checks.repeat import repeat_spread
 from cpbench.core import ConfigError, Topology
 from cpbench.launch.base import (
@@ -33,8 +35,7 @@ from cpbench.launch.base import (
     Submitted,
     Waiting,
 )
-from cpbench.plan.changes import load_job, what_changed
-from cpbench.plan.footprint import Snapshot
+from cpbench.preview.changes import load_job, what_changed
 from cpbench.probe import predict
 from cpbench.probe.predict import Prediction
 from cpbench.rank import RunSpec
@@ -242,7 +243,7 @@ def _start(launcher: Launcher, spec: RunSpec, workload: Workload | None) -> int:
         return 0
     print(f"cpbench: submitted {outcome.what} -> {folder.root}", file=sys.stderr)
     if outcome.waiting is Waiting.sweep_end:
-        _DEFERRED.append((launcher, outcome))
+        this_call().deferred.append((launcher, outcome))
         return 0
     return _finish(launcher, [outcome]) if outcome.waiting is Waiting.now else 0
 
@@ -278,15 +279,11 @@ def _finish(launcher: Launcher, jobs: list[Submitted]) -> int:
     return 1 if failed else 0
 
 
-# Jobs a multirun submitted without waiting (the basic launcher runs its jobs one after another); the
-# end of the sweep waits for them all, so they run side by side.
-_DEFERRED: list[tuple[Launcher, Submitted]] = []
-
-
 def finish_deferred() -> int:
     """At the end of a multirun: wait for every job it left running, and close their runs; 1 if any
     failed."""
-    pending, _DEFERRED[:] = list(_DEFERRED), []
+    call = this_call()
+    pending, call.deferred = call.deferred, []
     codes = [
         _finish(group[0][0], [job for _, job in group])
         for _, group in ((kind, list(jobs)) for kind, jobs in groupby(pending, key=lambda p: type(p[0])))

@@ -9,7 +9,7 @@ import sys
 from collections.abc import Iterator
 
 from cpbench.app.outcome import close_failed
-from cpbench.probe.in_flight import WorkInFlight
+from cpbench.probe.in_flight import InFlight
 from cpbench.results.folder import RunFolder
 
 
@@ -38,7 +38,7 @@ def signals_end_the_run() -> Iterator[None]:
 
 def in_flight(folder: RunFolder) -> str | None:
     """The point or probe N being measured, as a person reads it (for a run whose ranks crashed)."""
-    return WorkInFlight(folder).where()
+    return InFlight(folder).where()
 
 
 def close_interrupted(folder: RunFolder, cp: int, stop: BaseException, leads: bool) -> int:
@@ -49,7 +49,7 @@ def close_interrupted(folder: RunFolder, cp: int, stop: BaseException, leads: bo
     signum = getattr(stop, "signum", None) or getattr(stop, "sigval", None) or signal.SIGINT
     if not leads:
         return 128 + signum
-    where = WorkInFlight(folder).interrupt()
+    where = InFlight(folder).interrupt()
     where = f"at {where}" if where else ("between points" if folder.results.exists() else "at start-up")
     line = f"interrupted {where}; run the same command to resume"
     close_failed(folder, cp, "interrupted", line, 128 + signum)

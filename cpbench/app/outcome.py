@@ -13,7 +13,7 @@ def close_failed(
     """`status` error: a rank raised, the point in flight is recorded so. crashed (a kill, a lost peer)
     or interrupted: it stays in flight and the next run measures it again."""
     if status == "error":
-        folder.in_flight.close(status, error)
+        folder.point_in_flight.close(status, error)
     # No plots here: this is the launching process, and in a sweep it forks the next job's ranks,
     # which hang after matplotlib has drawn in their parent (tests/test_sweeps.py, a failed job first).
     write_report(folder.root, plots=False)

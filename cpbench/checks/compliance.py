@@ -12,10 +12,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from cpbench.checks import reference_curve
 from cpbench.measure.convergence import compare
 from cpbench.record import run_record
 from cpbench.record.run_record import RunMetadata, RunRecord
-from cpbench.report import merge, reference
+from cpbench.report import merge
 from cpbench.report.analysis import NOISY_IQR, noisy
 from cpbench.report.sections.run_metadata import LABELS
 from cpbench.results.folder import RunFolder
@@ -196,7 +197,7 @@ def rule_convergence(results: Results) -> Verdict:
             continue
         summary = run.record.convergence
         given = summary.reference if summary else None
-        path = Path(given) if given else reference.find(summary.curve_key if summary else "")
+        path = Path(given) if given else reference_curve.find(summary.curve_key if summary else "")
         if path is None or not path.exists():
             continue
         rtol = summary.rtol if summary and summary.rtol is not None else 1e-4

@@ -113,7 +113,7 @@ def does_not_fit(shape: Shape, cap_gib: float | None, where: str) -> DoesNotFit:
 
 
 def _over_cap(device: torch.device, control: dist.ProcessGroup, settings: ConvergenceSettings) -> str:
-    """On CPU the cap holds the measured resident peak (measure/budget.py): a step over it on any rank
+    """On CPU the cap holds the measured resident peak (measure/cap.py): a step over it on any rank
     does not fit though no allocation failed, and every rank agrees before the next collective. A GPU's
     cap is the allocator's, which fails the allocation itself."""
     if device.type != "cpu" or settings.cap_gib is None:

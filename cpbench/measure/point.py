@@ -26,7 +26,7 @@ from cpbench.core import RankContext, Shape
 from cpbench.core.phases import COLUMNS as PHASE_COLUMNS
 from cpbench.core.phases import slowest_median_ms
 from cpbench.distributed.comm import LEDGER
-from cpbench.measure.budget import Budget
+from cpbench.measure.cap import Cap
 from cpbench.measure.checksum import local_share
 from cpbench.measure.fault import Fault
 from cpbench.measure.memory import read_peak_gib, read_peaks, release, reset_peak
@@ -107,7 +107,7 @@ class PointSettings:
     counts are the run's `timing.*` (`TimingConfig`, where their defaults live)."""
 
     timing: TimingConfig = field(default_factory=TimingConfig)
-    budget: Budget | None = None
+    cap: Cap | None = None  # the rank's memory cap
     fault: Fault = field(default_factory=Fault)
     agree_wait_s: float = 10.0  # after an OOM on one rank, how long to wait for the peers to agree
     seed: int = 0  # every build_batch starts from it
@@ -121,8 +121,8 @@ class PointSettings:
 
     def single_step(self) -> PointSettings:
         """One step that stands for a full measurement (a probe step), held to the cap it leaves."""
-        budget = self.budget.for_one_step() if self.budget else None
-        return replace(self.with_steps(warmup=0, repeats=1, warmup_max=0, repeats_max=1), budget=budget)
+        cap = self.cap.for_one_step() if self.cap else None
+        return replace(self.with_steps(warmup=0, repeats=1, warmup_max=0, repeats_max=1), cap=cap)
 
     def fixed(self) -> PointSettings:
         """Exactly `warmup` and `repeats` steps: runs to be compared take the same steps."""
@@ -143,10 +143,10 @@ def comm_timing(device: torch.device, settings: PointSettings) -> str:
 def measure_point(
     runner: StepRunner, shape: Shape, ctx: RankContext, control: dist.ProcessGroup, settings: PointSettings
 ) -> PointResult:
-    """Fits = every rank finished with no out-of-memory error and, under a budget, a peak within it."""
+    """Fits = every rank finished with no out-of-memory error and, under a cap, a peak within it."""
     release(ctx.device)
     reset_peak(ctx.device)
-    fault, budget = settings.fault, settings.budget
+    fault, cap = settings.fault, settings.cap
     issued_before = LEDGER.issued
 
     def build() -> Any:
@@ -179,11 +179,11 @@ def measure_point(
         timed, failure = _guarded(steps)
     peaks = read_peaks(ctx.device)  # before `release`: the allocator still holds its peak's segments
     peak_local = peaks.gib
-    if not failure and budget is not None and peak_local - budget.baseline_gib > budget.gib:
-        failure = describe(BudgetExceeded(budget.over(peak_local - budget.baseline_gib)))
+    if not failure and cap is not None and peak_local - cap.baseline_gib > cap.gib:
+        failure = describe(BudgetExceeded(cap.over(peak_local - cap.baseline_gib)))
     batches = None
     if built:
-        note(failure)  # in a step, or over the budget
+        note(failure)  # in a step, or over the cap
     # After a failure inside the steps the peers may be stuck in a collective: wait for them briefly.
     # The agreement runs on the control group (gloo, on the CPU) before any device work: on a GPU,
     # `release` (empty_cache) waits for this rank's queued kernels, and a collective whose peer left
@@ -278,18 +278,18 @@ class RankSteps:
 
 
 class PeerOverBudget(Exception):
-    """Another rank's peak went over the budget: this one stops stepping with it."""
+    """Another rank's peak went over the cap: this one stops stepping with it."""
 
 
-def _agree_after_step(seconds: float, control: dist.ProcessGroup, budget: Budget | None, device) -> float:
+def _agree_after_step(seconds: float, control: dist.ProcessGroup, cap: Cap | None, device) -> float:
     """The slowest rank's step time (ms): what every rank decides on, so that all take the same steps.
-    In the same all-reduce, whether any rank's peak is over the budget already: then every rank stops
+    In the same all-reduce, whether any rank's peak is over the cap already: then every rank stops
     here (the rank over it raises BudgetExceeded, its peers PeerOverBudget), rather than taking the
     point's remaining steps to fail it at the end."""
-    over = budget is not None and (peak := read_peak_gib(device) - budget.baseline_gib) > budget.gib
+    over = cap is not None and (peak := read_peak_gib(device) - cap.baseline_gib) > cap.gib
     slowest, anyone = _reduce([seconds * 1e3, float(over)], control, dist.ReduceOp.MAX)
     if over:
-        raise BudgetExceeded(budget.over(peak))
+        raise BudgetExceeded(cap.over(peak))
     if anyone:
         raise PeerOverBudget
     return slowest
@@ -326,7 +326,7 @@ def _warm_up(
         out = None
         seconds.append(p.total)
         if adaptive:
-            agreed.append(_agree_after_step(p.total, control, settings.budget, runner.device))
+            agreed.append(_agree_after_step(p.total, control, settings.cap, runner.device))
         if len(seconds) >= timing.warmup and (not adaptive or settled(agreed, timing.settle_pct)):
             break
     return seconds
@@ -346,8 +346,8 @@ def _run_repeats(runner: StepRunner, batches: _Batches, control, settings: Point
             say(f"timed step {len(timings) + 1} of {timing.repeats}" + (f" to {most}" if adaptive else ""))
             out = batch = None  # the last output and batch are freed before the next, as in a real run
             batch = batches.next()  # built outside the timer
-            # Start together (outside the timed region), stopping first if a step so far went over the budget.
-            _agree_after_step(0.0, control, settings.budget, runner.device)
+            # Start together (outside the timed region), stopping first if a step so far went over the cap.
+            _agree_after_step(0.0, control, settings.cap, runner.device)
             comm_before = LEDGER.total_seconds
             with torch.profiler.record_function(_STEP_EVENT):
                 out, p = runner(batch)
@@ -356,7 +356,7 @@ def _run_repeats(runner: StepRunner, batches: _Batches, control, settings: Point
             timings.append(RepeatTiming(p.total, p.forward, p.backward, p.optimizer, comm))
             named.append(p.named)
             if adaptive:
-                agreed.append(_agree_after_step(p.total, control, settings.budget, runner.device))
+                agreed.append(_agree_after_step(p.total, control, settings.cap, runner.device))
             if len(timings) >= timing.repeats and (not adaptive or not spread_wide(agreed, timing.iqr_pct)):
                 break
     profiled = _comm_seconds(profiler.events()) if settings.profile_comm else 0.0

@@ -1,5 +1,5 @@
 """What a run was measuring when it stopped, over both of its in-flight marks: the walltime point
-(state.json, `RunFolder.in_flight`) and the probe's N (probe_state.json, `ProbeState`). A signal, a
+(state.json, `RunFolder.point_in_flight`) and the probe's N (probe_state.json, `ProbeState`). A signal, a
 requeue or an out-of-memory alone ends whichever was in flight; callers say so here once."""
 
 from __future__ import annotations
@@ -8,13 +8,15 @@ from cpbench.probe.state import ProbeState
 from cpbench.results.folder import RunFolder
 
 
-class WorkInFlight:
+class InFlight:
+    """Whichever of the run's two marks is in flight."""
+
     def __init__(self, folder: RunFolder):
         self.folder = folder
 
     def where(self) -> str | None:
         """The point or probe N being measured, as a person reads it."""
-        if row := self.folder.in_flight.row():
+        if row := self.folder.point_in_flight.row():
             return f"N={row['N_tokens']}"
         if (n := ProbeState(self.folder).in_flight) is not None:
             return f"probe N={n}"
@@ -24,12 +26,12 @@ class WorkInFlight:
         """Stopped by a signal (Ctrl-C, SIGTERM, a requeue): whatever was in flight is measured again
         and not counted as a crash. Returns where it stopped."""
         where = self.where()
-        self.folder.in_flight.interrupt()
+        self.folder.point_in_flight.interrupt()
         ProbeState(self.folder).interrupt()
         return where
 
     def close_oom(self, error: str) -> None:
         """One rank ran out of memory alone and the run ends for it: the point in flight is recorded
         as oom, the probe's N as not fitting."""
-        self.folder.in_flight.close("oom", error)
+        self.folder.point_in_flight.close("oom", error)
         ProbeState(self.folder).close_oom()

@@ -29,7 +29,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from cpbench.core import RankContext, Shape, Topology
 from cpbench.distributed.comm import LEDGER, UNLABELLED
-from cpbench.measure.budget import budget_gib
+from cpbench.measure.cap import cap_gib
 from cpbench.models.pairformer import chunking
 from cpbench.probe.owners import BACKWARD, OUTSIDE, WEIGHTS, ModuleStack, top_owners
 from cpbench.probe.search import align_down, align_up
@@ -412,7 +412,7 @@ def _crossing(estimates: list[Estimate], budget_gib: float, m: int, lo: int) -> 
 
 def for_run(settings: BenchConfig, workload: Workload, topology: Topology) -> Prediction:
     """The run's prediction; CannotTrace names the op when the workload cannot run on fake tensors."""
-    p, budget = settings.probe, budget_gib(settings.memory, device_type(pick_backend(settings.dist.backend)))
+    p, budget = settings.probe, cap_gib(settings.memory, device_type(pick_backend(settings.dist.backend)))
     with chunking.sized_for(budget):  # the chunks the ranks run under this budget
         prediction = predict(
             workload,
@@ -439,7 +439,7 @@ def holders_at(
     chunks its ranks run; CannotTrace where the workload cannot run on fake tensors."""
     backend = pick_backend(settings.dist.backend)
     shape, dtype = resolve_shape(settings.shape, n_tokens=n), getattr(torch, settings.dtype.value)
-    with chunking.sized_for(budget_gib(settings.memory, device_type(backend))):
+    with chunking.sized_for(cap_gib(settings.memory, device_type(backend))):
         held = peak_owners(workload, topology, shape, settings.workflow is Workflow.training, dtype,
                            settings.seed, traced_ranks(topology)[0], backend == "gloo")  # fmt: skip
     return top_owners(held)

@@ -1,5 +1,5 @@
 """The time budget phase: one step timed, the plan estimated and trimmed to budget.minutes before the
-long work (`cpbench.plan.budget`), and again before the probe from the largest point measured. It
+long work (`cpbench.preview.budget`), and again before the probe from the largest point measured. It
 returns the trimmed plan; the run's settings stay as they were given."""
 
 from __future__ import annotations
@@ -9,17 +9,17 @@ from dataclasses import dataclass, replace
 
 from cpbench.core import Shape
 from cpbench.measure.point import PointResult, PointSettings
-from cpbench.plan.budget import (
-    Plan,
+from cpbench.preview.budget import (
     Step,
     Verdict,
+    Work,
     budget_minutes,
     duration,
     estimate,
     fit_budget,
     fixed_part,
 )
-from cpbench.plan.changes import budget_rows
+from cpbench.preview.changes import budget_rows
 from cpbench.probe.predict import Prediction
 from cpbench.probe.search import SearchConfig, Trial, bounds
 from cpbench.probe.state import ProbeState
@@ -39,7 +39,7 @@ class Clock:
 
     planned_at: float
     overhead_s: float
-    count_s: float = 0.0  # a point's FLOP count (plan/budget.py `Step`)
+    count_s: float = 0.0  # a point's FLOP count (preview/budget.py `Step`)
 
 
 @dataclass(frozen=True)
@@ -53,7 +53,7 @@ class Trimmed:
     clock: Clock | None  # None: no budget, or no estimate
 
 
-def fit_plan(
+def fit_work(
     measurer: Measurer, todo: list[Shape], settings: PointSettings, prediction: Prediction | None,
     restart: int = 0,
 ) -> Trimmed | None:  # fmt: skip
@@ -107,17 +107,17 @@ def fit_plan(
     step = Step(timed.n_tokens, result.walltime_ms / 1e3, result.peak_mem_gib, _baseline(s), clock.overhead_s,
                 clock.count_s, fixed)  # fmt: skip
     seeds = _probe_seeds(s, todo)
-    plan = Plan(
+    work = Work(
         tuple(todo), settings.timing.warmup, settings.timing.repeats, search, probe.measure_at_max, seeds
     )
-    verdict = s.broadcast(fit_budget(plan, step, minutes, budget.min_repeats) if s.lead else None)
+    verdict = s.broadcast(fit_budget(work, step, minutes, budget.min_repeats) if s.lead else None)
     if s.lead:
-        _record_plan(s, plan, step, verdict, minutes, clock, restart)
+        _record_plan(s, work, step, verdict, minutes, clock, restart)
     if verdict.refusal and not restart:
         if s.lead:  # nothing runs: no point was in flight
-            s.folder.in_flight.abandon()
+            s.folder.point_in_flight.abandon()
         return None
-    trimmed = verdict.plan
+    trimmed = verdict.work
     if trimmed.probe is not None:
         probe = trimmed.probe.config
     points = list(trimmed.points)
@@ -135,7 +135,7 @@ def _fixed_from_pilots(
     and put fold_small's edge near 177 where it was 215, so that it counted the probe short."""
     s = measurer.session
     smaller = sorted({shape.n_tokens: shape for shape in todo if shape.n_tokens < timed.n_tokens}.items())
-    if s.budget is None or not smaller or result.peak_mem_gib is None:
+    if s.cap is None or not smaller or result.peak_mem_gib is None:
         return 0.0
     shape = smaller[-1][1]
     pilot = measurer.model.step(shape, settings.with_steps(warmup=1, repeats=1).fixed())
@@ -201,14 +201,14 @@ def _first_planned_at(session: RankSession) -> float | None:
 
 
 def _baseline(session: RankSession) -> float:
-    return session.budget.baseline_gib if session.budget else 0.0
+    return session.cap.baseline_gib if session.cap else 0.0
 
 
 def _record_plan(
-    session: RankSession, plan: Plan, step: Step, verdict: Verdict, minutes: float, clock: Clock, restart: int
+    session: RankSession, work: Work, step: Step, verdict: Verdict, minutes: float, clock: Clock, restart: int
 ) -> None:
     """The plan as set and what it cut into run.json: a restart's as one more line of the run's plan."""
-    line = Verdict(plan, *estimate(plan, step)).summary(minutes, step)  # the plan as set
+    line = Verdict(work, *estimate(work, step)).summary(minutes, step)  # the plan as set
     if restart:
         line = f"restart {restart}, {minutes:g} min of the budget left: {line}"
     LOG.info("%s", line)
@@ -235,7 +235,7 @@ def _record_plan(
 
 
 def fit_probe(
-    measurer: Measurer, plan: Trimmed, prediction: Prediction | None,
+    measurer: Measurer, work: Trimmed, prediction: Prediction | None,
     largest: tuple[Shape, PointResult] | None,
 ) -> ProbeConfig:  # fmt: skip
     """Before the probe, its estimate again from the largest point measured (its step and peak are
@@ -243,21 +243,21 @@ def fit_probe(
     the part that grows) against the budget left: a coarser granularity when
     that fits it; else a warning, and the probe runs as trimmed (the points are measured)."""
     s = measurer.session
-    if plan.clock is None or largest is None:
-        return plan.probe
-    ps = plan.point_settings.timing
+    if work.clock is None or largest is None:
+        return work.probe
+    ps = work.point_settings.timing
     shape, result = largest
-    left = _minutes(s) * 60 - (time.time() - plan.clock.planned_at)
-    clock = plan.clock
+    left = _minutes(s) * 60 - (time.time() - work.clock.planned_at)
+    clock = work.clock
     baseline = _baseline(s)
     seeds = point_trials(s) if s.lead else []
     peaks = [(t.n, t.peak_gib - baseline) for t in seeds if t.fits and t.peak_gib]
     step = Step(shape.n_tokens, result.walltime_ms / 1e3, result.peak_mem_gib, baseline, clock.overhead_s,
                 clock.count_s, fixed_part(peaks))  # fmt: skip
-    search = search_for(s, plan.probe, prediction)
-    trial = Plan((), ps.warmup, ps.repeats, search, plan.probe.measure_at_max, tuple(seeds))
+    search = search_for(s, work.probe, prediction)
+    trial = Work((), ps.warmup, ps.repeats, search, work.probe.measure_at_max, tuple(seeds))
     verdict = s.broadcast(fit_budget(trial, step, max(left, 1.0) / 60, ps.repeats) if s.lead else None)
-    probe = verdict.plan.probe.config
+    probe = verdict.work.probe.config
     if not s.lead:
         return probe
     line = (

@@ -6,7 +6,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from cpbench.measure.budget import lift_budget
+from cpbench.checks import reference_curve
+from cpbench.measure.cap import lift_cap
 from cpbench.measure.convergence import ConvergenceSettings, compare, does_not_fit, run_convergence
 from cpbench.measure.oom import describe, is_oom
 from cpbench.measure.point import PointSettings
@@ -14,7 +15,7 @@ from cpbench.rank.points import Measurer
 from cpbench.record import metadata, run_record
 from cpbench.record.mllog import TRAIN_LOSS
 from cpbench.record.run_record import ConvergenceSummary
-from cpbench.report import plots, reference
+from cpbench.report import plots
 from cpbench.results.folder import RunFolder
 from cpbench.runtime.logs import LOG
 from cpbench.settings.identity import curve_key
@@ -31,8 +32,8 @@ def converge(measurer: Measurer, settings: PointSettings, baseline: RunFolder | 
     key = curve_key(s.settings)
     how = ConvergenceSettings(
         steps=steps, checkpoint_every=s.settings.checkpoint.every, seed=s.settings.seed, fault=settings.fault,
-        key=key, cap_gib=s.budget.gib if s.budget else None,
-        baseline_gib=s.budget.baseline_gib if s.budget else 0.0,
+        key=key, cap_gib=s.cap.gib if s.cap else None,
+        baseline_gib=s.cap.baseline_gib if s.cap else 0.0,
     )  # fmt: skip
 
     def logged(row: dict[str, Any]) -> None:  # a convergence step into mllog.txt
@@ -51,10 +52,10 @@ def converge(measurer: Measurer, settings: PointSettings, baseline: RunFolder | 
         failure = None
     if failure:  # raised outside the `except` block: its traceback holds the failed frames
         raise does_not_fit(shape, how.cap_gib, failure)
-    lift_budget(s.ctx.device)  # the comparison and the plot are not measured steps
+    lift_cap(s.ctx.device)  # the comparison and the plot are not measured steps
     if not s.lead:
         return
-    found = reference.lookup(s.settings, s.folder, baseline)
+    found = reference_curve.lookup(s.settings, s.folder, baseline)
     summary = ConvergenceSummary(curve_key=key, steps=len(curve))
     curves = {f"{s.ctx.topology.label} cp={s.ctx.topology.cp}": curve}
     if found is not None:

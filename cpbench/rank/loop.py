@@ -15,11 +15,11 @@ from hydra.utils import instantiate
 from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
 
 from cpbench.core import DoesNotFit
-from cpbench.measure.budget import budget_gib, lift_budget
+from cpbench.measure.cap import cap_gib, lift_cap
 from cpbench.measure.memory import set_alloc_conf
 from cpbench.measure.point import OutOfMemoryAlone
 from cpbench.models.pairformer import chunking
-from cpbench.rank.budget import fit_plan, fit_probe
+from cpbench.rank.budget import fit_probe, fit_work
 from cpbench.rank.convergence import converge
 from cpbench.rank.points import Measurer, measure_points
 from cpbench.rank.probe import run_probe_phase
@@ -61,14 +61,14 @@ def run_rank(
                 settings, ctx, control, folder, workload or instantiate(settings.workload)
             )
             baseline = RunFolder(spec.reference_dir) if spec.reference_dir and session.lead else None
-            # `auto` chunks sized for the budget as set, as the fake-tensor estimate sizes them: not as
+            # `auto` chunks sized for the memory cap as set, as the fake-tensor estimate sizes them: not as
             # measured (free memory differs by rank on a GPU, and so would the chunks and collectives).
-            chunks = chunking.sized_for(budget_gib(settings.memory, ctx.device.type))
+            chunks = chunking.sized_for(cap_gib(settings.memory, ctx.device.type))
             with session.heartbeat, session.mllog, chunks:
                 try:
                     _run(session, spec, baseline)
                 finally:
-                    lift_budget(ctx.device)  # whatever ended the run, what follows is not capped
+                    lift_cap(ctx.device)  # whatever ended the run, what follows is not capped
         except Exception as err:
             # Record the root cause before teardown: once this rank leaves, its peers fail too, and
             # the launcher must be able to tell which rank failed first and why.
@@ -87,7 +87,7 @@ def run_rank(
 def _run(session: RankSession, spec: RunSpec, baseline: RunFolder | None) -> None:
     settings, folder = session.settings, session.folder
     session.mllog.start(constants.INIT_START)
-    if session.lead and (again := folder.in_flight.resume(settings.launch.max_restarts)):
+    if session.lead and (again := folder.point_in_flight.resume(settings.launch.max_restarts)):
         LOG.warning("N=%s was in flight when the last run stopped: measured again", again["N_tokens"])
     point_settings = session.point_settings()
     session.record_start(spec.what_changed, point_settings, spec.restart > 0)
@@ -99,14 +99,14 @@ def _run(session: RankSession, spec: RunSpec, baseline: RunFolder | None) -> Non
         return
     done = frozenset(session.broadcast(folder.done_keys(session.config_hash) if session.lead else None))
     todo = [shape for shape in walltime_points(settings) if shape_key("point", shape) not in done]
-    plan = fit_plan(measurer, todo, point_settings, spec.prediction, spec.restart)
-    if plan is None:  # the time budget refused it: nothing runs
+    work = fit_work(measurer, todo, point_settings, spec.prediction, spec.restart)
+    if work is None:  # the time budget refused it: nothing runs
         return
-    points = measure_points(measurer, plan.points, plan.point_settings, spec.prediction, plan.warmed, done)
+    points = measure_points(measurer, work.points, work.point_settings, spec.prediction, work.warmed, done)
     if settings.probe.enabled:
-        probe = fit_probe(measurer, plan, spec.prediction, points.largest)
-        run_probe_phase(measurer, probe, plan.point_settings, spec.prediction, points.done)
-    lift_budget(session.ctx.device)  # the cap is for the measured steps: the report is not one of them
+        probe = fit_probe(measurer, work, spec.prediction, points.largest)
+        run_probe_phase(measurer, probe, work.point_settings, spec.prediction, points.done)
+    lift_cap(session.ctx.device)  # the cap is for the measured steps: the report is not one of them
     if session.lead:
         # When it ended, so that a merge can tell runs that overlapped on one host.
         planned = run_record.read(folder).time_budget

@@ -5,12 +5,12 @@ from __future__ import annotations
 import time
 
 from cpbench.core import Shape
-from cpbench.measure.budget import cap_lifted
+from cpbench.measure.cap import cap_lifted
 from cpbench.measure.flops import Counted, count_over_ranks
 from cpbench.measure.memory import release
 from cpbench.measure.point import OutOfMemoryAlone, PointResult, PointSettings, measure_point
 from cpbench.measure.step import StepRunner
-from cpbench.probe.in_flight import WorkInFlight
+from cpbench.probe.in_flight import InFlight
 from cpbench.rank.session import RankSession
 from cpbench.runtime.logs import LOG
 from cpbench.runtime.seed import seed_all
@@ -55,7 +55,7 @@ class ModelRunner:
         except OutOfMemoryAlone as err:
             # Only this rank knows the job ends for out of memory (its peers wait in a collective, rank 0
             # among them, writing nothing): record the point or N in flight as not fitting first.
-            WorkInFlight(s.folder).close_oom(f"rank {s.ctx.rank}: {err}")
+            InFlight(s.folder).close_oom(f"rank {s.ctx.rank}: {err}")
             raise OutOfMemoryAlone(f"N={shape.n_tokens} does not fit: {err}") from err
         self._spoilt = result.status == "oom"
         return result

@@ -9,7 +9,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from cpbench.core import Shape
 from cpbench.inputs import input_columns
-from cpbench.measure.budget import budget_gib
+from cpbench.measure.cap import cap_gib
 from cpbench.measure.flops import with_efficiency
 from cpbench.measure.point import PointResult, PointSettings
 from cpbench.probe.predict import Prediction
@@ -93,7 +93,7 @@ def measure_points(
 
 def row_identity(session: RankSession) -> RowIdentity:
     """What every row of this run holds alike: what is measured, how, and under which labels."""
-    settings, topology, budget = session.settings, session.ctx.topology, session.budget
+    settings, topology, cap = session.settings, session.ctx.topology, session.cap
     columns = traits(session.workload).columns
     return RowIdentity({
         "workload": session.workload_name, "workflow": settings.workflow.value,
@@ -101,7 +101,7 @@ def row_identity(session: RankSession) -> RowIdentity:
         "dtype": settings.dtype.value,
         "warmup": settings.timing.warmup, "seed": settings.seed, "config_hash": session.config_hash,
         "extra": dict(columns(session.train)) if columns is not None else {},
-        "budget_gib": budget.gib if budget else None, "baseline_gib": budget.baseline_gib if budget else None,
+        "budget_gib": cap.gib if cap else None, "baseline_gib": cap.baseline_gib if cap else None,
         **input_columns(settings.data.path, settings.seed), **row_labels(session),
     })  # fmt: skip
 
@@ -112,7 +112,7 @@ def row_labels(session: RankSession) -> dict[str, str]:
     the device, is what the card had free, which differs from run to run)."""
     settings, device = session.settings, session.ctx.device
     preset, sizes_hash = workload_labels(settings, session.workload_name)
-    cap = budget_gib(settings.memory, device.type)
+    cap = cap_gib(settings.memory, device.type)
     budget = f"{cap:g} GiB" if cap is not None else "device memory" if device.type == "cuda" else "none"
     labels = {"preset": preset, "sizes_hash": sizes_hash, "memory_budget": budget}
     return {**labels, "device": device_model(device)}
@@ -123,4 +123,4 @@ def predicted_gib(prediction: Prediction | None, n_tokens: int, session: RankSes
     estimate = prediction.at(n_tokens) if prediction else None
     if estimate is None:
         return None
-    return estimate + (session.budget.baseline_gib if session.budget else 0.0)
+    return estimate + (session.cap.baseline_gib if session.cap else 0.0)

@@ -29,9 +29,9 @@ def probe_shape(session: RankSession, n_tokens: int) -> Shape:
 
 def search_for(session: RankSession, probe: ProbeConfig, prediction: Prediction | None) -> SearchConfig:
     """The probe's search. Peaks are absolute (the CPU baseline included): its limit is the cap a probe
-    step is held to (`Budget.for_one_step`)."""
-    budget = session.budget.for_one_step() if session.budget else None
-    limit = session.broadcast(budget.gib + budget.baseline_gib) if budget else None
+    step is held to (`Cap.for_one_step`)."""
+    cap = session.cap.for_one_step() if session.cap else None
+    limit = session.broadcast(cap.gib + cap.baseline_gib) if cap else None
     proposal = prediction.proposal if prediction else None
     return search_config(probe, session.ctx.topology, limit, proposal)
 
@@ -114,7 +114,7 @@ def _calibrated(
     top = max(fits, key=lambda t: t.n)
     if top.n == prediction.calibrated_at:
         return prediction
-    baseline = session.budget.baseline_gib if session.budget else 0.0
+    baseline = session.cap.baseline_gib if session.cap else 0.0
     measured = session.broadcast(top.peak_gib - baseline)  # rank 0's baseline, as the rows count it
     calibrated = prediction.calibrated(top.n, measured, session.ctx.topology.tiling.multiple)
     if session.lead:

@@ -30,7 +30,7 @@ class Recorder:
     def start(self, row: ResultRow) -> None:
         """The point in flight: a crash while it runs is its answer."""
         if self.session.lead:
-            self.session.folder.in_flight.start(row.as_dict())
+            self.session.folder.point_in_flight.start(row.as_dict())
 
     def point(self, shape: Shape, row: ResultRow, result: PointResult) -> None:
         """A walltime point measured: its row written, in place of its in-flight mark."""
@@ -46,7 +46,7 @@ class Recorder:
             measured = row.with_measured(replace(result, status=status, error=error))
             if error:
                 LOG.warning("N=%d: %s", shape.n_tokens, error)
-        s.folder.in_flight.finish(measured.as_dict())
+        s.folder.point_in_flight.finish(measured.as_dict())
         s.mllog.event(POINT, result.walltime_ms, metadata=measured.as_dict())
         LOG.info("N=%d atoms=%d S=%d: %s", shape.n_tokens, shape.n_atoms, shape.msa_depth, _summary(result))
 
@@ -55,7 +55,7 @@ class Recorder:
         s = self.session
         if s.lead:
             answer = row.as_dict()
-            s.folder.in_flight.finish(answer)
+            s.folder.point_in_flight.finish(answer)
             s.mllog.event(MAX_FIT, answer["N_tokens"], metadata=answer)
 
 

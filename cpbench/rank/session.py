@@ -12,7 +12,7 @@ import torch.distributed as dist
 
 from cpbench.core import RankContext
 from cpbench.measure import flops
-from cpbench.measure.budget import Budget, cap_rank
+from cpbench.measure.cap import Cap, cap_rank
 from cpbench.measure.fault import Fault
 from cpbench.measure.memory import alloc_conf
 from cpbench.measure.point import PointSettings, comm_timing
@@ -43,7 +43,7 @@ class RankSession:
     control: dist.ProcessGroup  # agreement and result reductions, apart from the workload's groups
     folder: RunFolder
     workload: Workload
-    budget: Budget | None  # the per-rank memory cap, applied
+    cap: Cap | None  # the per-rank memory cap, applied
     heartbeat: logs.Heartbeat
     mllog: RunLog
     peak: Peak  # what MFU divides by: every rank has rank 0's
@@ -59,8 +59,8 @@ class RankSession:
         peak = broadcast(run_peak(settings, ctx.device), control)  # on CPU every rank's GEMM runs at once
         if settings.measure.count_flops:
             flops.load_counter()  # what the counter loads on first use sits under the cap, not in it
-        budget = cap_rank(settings.memory, ctx.device)
-        return cls(settings, ctx, control, folder, workload, budget, heartbeat, mllog, peak)
+        cap = cap_rank(settings.memory, ctx.device)
+        return cls(settings, ctx, control, folder, workload, cap, heartbeat, mllog, peak)
 
     @property
     def lead(self) -> bool:
@@ -87,14 +87,14 @@ class RankSession:
         """run.json's metadata and mllog's submission (rank 0); a restart of the run keeps its plan."""
         if not self.lead:
             return
-        settings, ctx, budget = self.settings, self.ctx, self.budget
+        settings, ctx, cap = self.settings, self.ctx, self.cap
         found = metadata.collect(
             ctx.device, pick_backend(settings.dist.backend), ctx.topology, ctx.world_size,
             int(os.environ.get("LOCAL_WORLD_SIZE", ctx.world_size)), self.config_hash,
         )  # fmt: skip
-        cap = MemoryCap(budget and budget.gib, budget and budget.baseline_gib, budget and budget.held_gib)
+        applied = MemoryCap(cap and cap.gib, cap and cap.baseline_gib, cap and cap.held_gib)
         timing, peak = comm_timing(ctx.device, point_settings), DevicePeak(**self.peak.as_json())
-        meta = replace(found, seed=settings.seed, memory=cap, alloc_conf=alloc_conf(), comm_timing=timing,
+        meta = replace(found, seed=settings.seed, memory=applied, alloc_conf=alloc_conf(), comm_timing=timing,
                        peak=peak, workload=metadata.workload_settings(settings))  # fmt: skip
         run_record.start(self.folder, meta, tuple(what_changed), restarted)
         self.mllog.submission(
@@ -111,7 +111,7 @@ class RankSession:
         repeats: a new PointSettings, never this one changed)."""
         settings = self.settings
         measured = PointSettings(
-            timing=replace(settings.timing), budget=self.budget, fault=Fault(settings.fault),
+            timing=replace(settings.timing), cap=self.cap, fault=Fault(settings.fault),
             agree_wait_s=settings.dist.agree_timeout_s, seed=settings.seed,
             counts_comm=traits(self.workload).counts_comm,
             profile_comm=settings.measure.profile_comm, progress=self.heartbeat.step,

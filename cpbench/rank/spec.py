@@ -18,7 +18,7 @@ class RunSpec:
 
     settings: BenchConfig
     output_dir: str
-    # The what-changed table (`cpbench.plan.changes`), made before launch; rank 0 records it in run.json.
+    # The what-changed table (`cpbench.preview.changes`), made before launch; rank 0 records it in run.json.
     what_changed: list[Change] = field(default_factory=list)
     # The cp=1 run beside this one: mode=accuracy checks every point against it; a convergence curve
     # is compared with it when no published one is found.

@@ -21,7 +21,7 @@ def _known(cls: type, raw: dict[str, Any]) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class MemoryCap:
-    """The per-rank cap as the run applied it (cpbench/measure/budget.py); budget_gib None: no cap (CPU
+    """The per-rank cap as the run applied it (cpbench/measure/cap.py); budget_gib None: no cap (CPU
     only: a GPU rank is always capped, with budget_gib null at the card less what it holds)."""
 
     budget_gib: float | None

@@ -141,7 +141,7 @@ def load(name: str, path: Path) -> Run:
         frame=labelled(frame, record.metadata),
         record=record,
         failure=folder.read_failure(),
-        in_flight=folder.in_flight.row(),
+        in_flight=folder.point_in_flight.row(),
         submitted=folder.read_json(folder.submitted),
         stale=stale,
         curve=folder.read_convergence(),

@@ -1,7 +1,7 @@
 """The run folder's one owner: every path a run writes, and their atomic reads and writes.
 
 Launchers, the rank loop, the probe and the report reach the folder through `RunFolder`; no other
-module names a file in it. The point in flight (`InFlight`) lives here too: it is what lets a run
+module names a file in it. The point in flight (`PointInFlight`) lives here too: it is what lets a run
 that died leave a row behind, and what a requeue abandons so the point is measured again."""
 
 from __future__ import annotations
@@ -319,8 +319,8 @@ class RunFolder:
         return self.read_json(self.failure)
 
     @property
-    def in_flight(self) -> InFlight:
-        return InFlight(self)
+    def point_in_flight(self) -> PointInFlight:
+        return PointInFlight(self)
 
 
 class RepeatedCrash(RuntimeError):
@@ -328,7 +328,7 @@ class RepeatedCrash(RuntimeError):
     error to look into, never a result."""
 
 
-class InFlight:
+class PointInFlight:
     """Names the point being measured, so that a run that dies mid-point can say which one, and the
     next run measures it again; how many runs died at it, and whether a signal stopped the last."""
 

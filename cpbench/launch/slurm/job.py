@@ -34,7 +34,7 @@ from submitit.helpers import Checkpointable, DelayedSubmission, TorchDistributed
 
 from cpbench.launch.slurm.layout import executor_parameters, layout
 from cpbench.launch.slurm.quiet import log_submitit_to
-from cpbench.probe.in_flight import WorkInFlight
+from cpbench.probe.in_flight import InFlight
 from cpbench.rank import RunSpec, run_rank
 from cpbench.results.folder import RunFolder
 from cpbench.runtime.startup import freeze_loaded
@@ -55,7 +55,7 @@ def build_executor(cfg: BenchConfig, folder: RunFolder, cp: int) -> submitit.Aut
 def interrupt(folder: RunFolder) -> None:
     """The point (or probe step) being measured was interrupted, not broken: the requeued job (or the
     next run) measures it again, and does not count it as a crash."""
-    WorkInFlight(folder).interrupt()
+    InFlight(folder).interrupt()
 
 
 # Where rank 0 of a job listens for its peers (MASTER_PORT). submitit picks 20000-60000 from the job id,

@@ -1,4 +1,4 @@
-"""What the run left behind outside its folder (`cpbench.plan.footprint`)."""
+"""What the run left behind outside its folder (`cpbench.checks.footprint`)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""What differs from the real job (`cpbench.plan.changes`): the table, and the real job's step time
+"""What differs from the real job (`cpbench.preview.changes`): the table, and the real job's step time
 estimated from the measured phases."""
 
 from __future__ import annotations

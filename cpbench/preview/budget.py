@@ -27,7 +27,7 @@ from cpbench.probe.search import SearchConfig, Trial, bounds, next_trial
 
 
 @dataclass(frozen=True)
-class Plan:
+class Work:
     """What a run will measure: its walltime points, their steps, and the probe (None: off)."""
 
     points: tuple[Shape, ...]
@@ -61,7 +61,7 @@ class Step:
 
 @dataclass(frozen=True)
 class Verdict:
-    plan: Plan  # the plan to run: the trimmed one; refused, the least the job allows
+    work: Work  # the plan to run: the trimmed one; refused, the least the job allows
     seconds: float  # its estimated time
     probe_steps: int  # the probe's expected steps in it
     cuts: tuple[str, ...] = ()
@@ -70,7 +70,7 @@ class Verdict:
     def summary(self, budget_minutes: float | None, step: Step) -> str:
         """One line: `plan: 3 point(s) x (3 warm-up + 5 repeats) x ~0.4 s at N=64 (x (N/64)^2) + probe
         ~8 step(s) = ~1.2 min, budget 8 min`."""
-        p = self.plan
+        p = self.work
         points = f"{len(p.points)} point(s) x ({p.warmup} warm-up + {p.repeats} repeats)"
         points += f" x ~{step.seconds:.2g} s at N={step.n} (x (N/{step.n})^2)"
         if step.overhead_s:
@@ -144,18 +144,18 @@ def probe_trials(search: SearchConfig, step: Step, seeds: tuple[Trial, ...] = ()
     return trials
 
 
-def estimate(plan: Plan, step: Step) -> tuple[float, int]:
+def estimate(work: Work, step: Step) -> tuple[float, int]:
     """Seconds of the plan's steps, and the probe's expected step count."""
-    per_point = plan.warmup + plan.repeats
+    per_point = work.warmup + work.repeats
     measured = step.overhead_s + step.count_s  # a measured point's cost besides its steps
-    seconds = sum(measured + per_point * step_seconds(step, s.n_tokens) for s in plan.points)
-    if plan.probe is None:
+    seconds = sum(measured + per_point * step_seconds(step, s.n_tokens) for s in work.points)
+    if work.probe is None:
         return seconds, 0
-    trials = probe_trials(plan.probe, step, plan.probe_seeds)
+    trials = probe_trials(work.probe, step, work.probe_seeds)
     stepped = [t for t in trials if not t.point]
     seconds += sum(step.overhead_s + step_seconds(step, t.n) for t in stepped)
     best, _ = bounds(trials)
-    if plan.measure_at_max and best is not None and not best.point:  # a point's N is measured already
+    if work.measure_at_max and best is not None and not best.point:  # a point's N is measured already
         seconds += measured + per_point * step_seconds(step, best.n)
     return seconds, len(stepped)
 
@@ -169,23 +169,23 @@ def _drop_one(points: tuple[Shape, ...]) -> tuple[Shape, ...] | None:
     return tuple(s for s in points if s is not victim)
 
 
-def fit_budget(plan: Plan, step: Step, minutes: float | None, min_repeats: int) -> Verdict:
+def fit_budget(work: Work, step: Step, minutes: float | None, min_repeats: int) -> Verdict:
     """The plan that fits `minutes`, with each cut named; or, when even the most trimmed plan does
     not fit, a refusal (with that plan and its cuts). `minutes=None`: no budget, the plan as given."""
-    seconds, probe_steps = estimate(plan, step)
+    seconds, probe_steps = estimate(work, step)
     if minutes is None or seconds <= minutes * 60:
-        return Verdict(plan, seconds, probe_steps)
-    limit, trimmed, cuts = minutes * 60, plan, []
+        return Verdict(work, seconds, probe_steps)
+    limit, trimmed, cuts = minutes * 60, work, []
 
-    def fits(candidate: Plan) -> bool:
+    def fits(candidate: Work) -> bool:
         return estimate(candidate, step)[0] <= limit
 
-    floor = min(plan.repeats, min_repeats)
+    floor = min(work.repeats, min_repeats)
     while trimmed.repeats > floor and not fits(trimmed):
         trimmed = replace(trimmed, repeats=trimmed.repeats - 1)
-    if trimmed.repeats < plan.repeats:
+    if trimmed.repeats < work.repeats:
         cuts.append(
-            f"timing.repeats {plan.repeats} -> {trimmed.repeats} "
+            f"timing.repeats {work.repeats} -> {trimmed.repeats} "
             f"(the floor is budget.min_repeats={min_repeats})"
         )
     dropped: list[int] = []
@@ -201,8 +201,8 @@ def fit_budget(plan: Plan, step: Step, minutes: float | None, min_repeats: int) 
         while not fits(trimmed) and search.config.granularity * 2 <= search.config.start:
             search = replace(search, config=replace(search.config, granularity=search.config.granularity * 2))
             trimmed = replace(trimmed, probe=search)
-        if search.config.granularity != plan.probe.config.granularity:
-            cuts.append(f"probe.granularity {plan.probe.config.granularity} -> {search.config.granularity}")
+        if search.config.granularity != work.probe.config.granularity:
+            cuts.append(f"probe.granularity {work.probe.config.granularity} -> {search.config.granularity}")
     seconds, probe_steps = estimate(trimmed, step)
     if seconds <= limit:
         return Verdict(trimmed, seconds, probe_steps, tuple(cuts))

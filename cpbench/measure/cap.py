@@ -37,7 +37,7 @@ def _status_bytes(field: str) -> int:
     return int(re.search(rf"^{field}:\s+(\d+) kB", text, re.MULTILINE).group(1)) * 1024
 
 
-def budget_gib(memory: MemoryConfig, device_type: str) -> float | None:
+def cap_gib(memory: MemoryConfig, device_type: str) -> float | None:
     """The per-rank cap of a run whose ranks run on `device_type`: memory.budget_gib, or on CPU, where
     the machine's RAM is no device memory worth probing to its end, memory.cpu_budget_gib when that is
     null. The ranks apply it and the fake-tensor estimate is held against it: one rule for both. Null
@@ -49,7 +49,7 @@ def budget_gib(memory: MemoryConfig, device_type: str) -> float | None:
 
 
 @dataclass(frozen=True)
-class Budget:
+class Cap:
     """A rank's cap, applied: a point fits while its peak less `baseline_gib` stays within `gib`."""
 
     gib: float  # per rank, over the baseline
@@ -63,7 +63,7 @@ class Budget:
         """What a BudgetExceeded says."""
         return f"peak {peak_over_gib:.3f} GiB over the baseline exceeds {self.gib:.3g} GiB{self.note}"
 
-    def for_one_step(self) -> Budget:
+    def for_one_step(self) -> Cap:
         """The cap for a single step that stands for a full measurement: on CPU less CPU_CREEP_GIB."""
         if self.held_gib is not None:
             return self
@@ -71,13 +71,13 @@ class Budget:
         return replace(self, gib=self.gib - CPU_CREEP_GIB, note=note)
 
 
-def cap_rank(memory: MemoryConfig, device: torch.device) -> Budget | None:
+def cap_rank(memory: MemoryConfig, device: torch.device) -> Cap | None:
     """This rank capped at `budget_gib`'s answer for its device, or None where there is no cap. On a
     GPU there always is one: with budget_gib null, the card's memory less what the rank holds now."""
-    gib = budget_gib(memory, device.type)
+    gib = cap_gib(memory, device.type)
     if device.type == "cuda":
         return _cap_gpu(gib, device)
-    return None if gib is None else Budget(gib, _cap_cpu(gib, device))
+    return None if gib is None else Cap(gib, _cap_cpu(gib, device))
 
 
 def gpu_cap(requested_gib: float | None, free: int, total: int, allocated: int) -> tuple[float, float]:
@@ -89,7 +89,7 @@ def gpu_cap(requested_gib: float | None, free: int, total: int, allocated: int) 
     return gib, min(1.0, (allocated + gib * GIB) / total)
 
 
-def _cap_gpu(requested_gib: float | None, device: torch.device) -> Budget:
+def _cap_gpu(requested_gib: float | None, device: torch.device) -> Cap:
     """The caching allocator limited by `gpu_cap` (`set_per_process_memory_fraction` limits only its
     own segments: the context and NCCL's buffers are what mem_get_info finds held already)."""
     release(device)  # cached segments hold nothing yet: they are the rank's to use, not start-up's
@@ -102,13 +102,13 @@ def _cap_gpu(requested_gib: float | None, device: torch.device) -> Budget:
             "capped at that", requested_gib, gib, (total - free) / GIB, total / GIB,
         )  # fmt: skip
     torch.cuda.set_per_process_memory_fraction(fraction, device)
-    return Budget(gib, allocated / GIB, (total - free) / GIB)
+    return Cap(gib, allocated / GIB, (total - free) / GIB)
 
 
 def _cap_cpu(budget_gib: float, device: torch.device) -> float:
     """Cap this rank's data segment at the backstop over what it holds now and return its baseline
     (GiB: the resident set so far, which the fits-check subtracts from the measured peak, held to
-    `budget_gib`). `lift_budget` takes the cap off again: it is for the measured steps, not what
+    `budget_gib`). `lift_cap` takes the cap off again: it is for the measured steps, not what
     follows them."""
     # Blocks from mmap go back to the OS when freed; glibc's dynamic threshold would otherwise move
     # them onto the heap, whose fragments count against the cap and make a point that fits once fail
@@ -124,7 +124,7 @@ def _cap_cpu(budget_gib: float, device: torch.device) -> float:
     return read_peak_gib(device)
 
 
-def lift_budget(device: torch.device) -> None:
+def lift_cap(device: torch.device) -> None:
     """No cap: the report, its plots and anything else after the measured steps must not fail for
     want of memory the steps were denied (a cp=1 run measures in the launching process itself)."""
     if device.type == "cuda":
@@ -143,7 +143,7 @@ def cap_lifted(device: torch.device) -> Iterator[None]:
         yield
         return
     soft, hard = resource.getrlimit(resource.RLIMIT_DATA)
-    lift_budget(device)
+    lift_cap(device)
     try:
         yield
     finally:
