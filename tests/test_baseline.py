@@ -11,7 +11,7 @@ from conftest import TIMING, cpbench, ok, results
 from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
-from cpbench.app.baseline import cache_key, plan
+from cpbench.app.baseline import baseline_settings, cache_key
 from cpbench.results.folder import RunFolder
 from cpbench.results.row import BASELINE
 from cpbench.settings.schema import register
@@ -29,12 +29,12 @@ def settings(*overrides: str):
 
 def test_the_default_run_plans_its_baseline():
     default = settings()
-    base = plan(default)
+    base = baseline_settings(default)
     assert default.baseline and default.topology.cp == 2
     assert base is not None and (base.topology.kind, base.topology.cp, base.topology.grid) == ("1d", 1, None)
     assert base.memory == default.memory and base.sweep == default.sweep and base.probe == default.probe
-    assert plan(settings("baseline=false")) is None
-    assert plan(settings("topology.cp=1")) is None  # a cp=1 run is its own baseline
+    assert baseline_settings(settings("baseline=false")) is None
+    assert baseline_settings(settings("topology.cp=1")) is None  # a cp=1 run is its own baseline
 
 
 def test_the_cache_key_holds_what_changes_the_cp1_answer_and_nothing_else():

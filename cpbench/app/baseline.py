@@ -30,7 +30,7 @@ from cpbench.settings.identity import baseline_key, config_hash
 from cpbench.settings.schema import BenchConfig, Mode, Workflow
 
 
-def plan(settings: BenchConfig) -> BenchConfig | None:
+def baseline_settings(settings: BenchConfig) -> BenchConfig | None:
     """The baseline's settings (`cp1_settings`), or None when the run has none: in speed mode, it is
     off or the run is itself cp=1. mode=accuracy always has one: its points are checked against it.
     (Only a launcher that starts runs from this process starts it: `Launcher.starts_runs`.)"""
@@ -75,7 +75,7 @@ def run_baseline(settings: BenchConfig, root: Path, notify: Notify) -> RunFolder
     """Measure the baseline of `settings` in its cache folder unless it is there already (a run that
     stopped part-way resumes), as one rank in its own process (the local launcher's); return its
     folder, or None when the run has no baseline or it failed (the CP run goes on without it)."""
-    base = plan(settings)
+    base = baseline_settings(settings)
     if base is None:
         return None
     folder = cache_folder(settings, root)
@@ -112,7 +112,7 @@ def refusal(folder: RunFolder) -> str | None:
 def baseline_rows(folder: RunFolder, settings: BenchConfig) -> pd.DataFrame:
     """The baseline's rows for a run of `settings`: those of its configuration, marked
     `source=baseline` and carrying the run's config hash (they belong to its report)."""
-    base = plan(settings)
+    base = baseline_settings(settings)
     frame = folder.read_results()
     if base is None or frame.empty:
         return frame.iloc[0:0]
