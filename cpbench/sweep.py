@@ -5,22 +5,28 @@ from __future__ import annotations
 import itertools
 
 from cpbench.core import Shape
-from cpbench.settings.schema import ShapeConfig, SweepConfig
+from cpbench.settings.schema import BenchConfig, ShapeConfig
+from cpbench.settings.validate import workload_samples
 
 
 def resolve_shape(
-    shape: ShapeConfig, n_tokens: int | None = None, n_atoms: int | None = None, msa_depth: int | None = None
-) -> Shape:
+    shape: ShapeConfig, n_tokens: int | None = None, n_atoms: int | None = None, msa_depth: int | None = None,
+    diffusion_samples: int | None = None,
+) -> Shape:  # fmt: skip
     """A point's shape: given values, else `shape.*`; atoms default to atoms_per_token * N."""
     n = n_tokens or shape.n_tokens
     atoms = n_atoms or shape.n_atoms or shape.atoms_per_token * n
-    return Shape(n_tokens=n, n_atoms=atoms, msa_depth=msa_depth or shape.msa_depth)
+    return Shape(n, atoms, msa_depth or shape.msa_depth, diffusion_samples)
 
 
-def sweep_points(shape: ShapeConfig, sweep: SweepConfig) -> list[Shape]:
+def run_shape(settings: BenchConfig, n_tokens: int | None = None) -> Shape:
+    """The run's own shape at N (the probe's, a convergence run's): `shape.*`, and the workload's
+    diffusion samples where it has a diffusion batch."""
+    return resolve_shape(settings.shape, n_tokens, diffusion_samples=workload_samples(settings))
+
+
+def sweep_points(settings: BenchConfig) -> list[Shape]:
     """The product of the sweep lists, each point once, in order."""
-    points = [
-        resolve_shape(shape, n, a, s)
-        for n, a, s in itertools.product(sweep.n_tokens, sweep.n_atoms, sweep.msa_depth)
-    ]
-    return list(dict.fromkeys(points))
+    sweep, samples = settings.sweep, workload_samples(settings)
+    axes = (sweep.n_tokens, sweep.n_atoms, sweep.msa_depth, [s or samples for s in sweep.diffusion_samples])
+    return list(dict.fromkeys(resolve_shape(settings.shape, *point) for point in itertools.product(*axes)))

@@ -21,7 +21,7 @@ from cpbench.workloads.fold import FoldWorkload
 TINY = dict(c_s=16, c_z=8, n_blocks=1, tri_mul_hidden=8, tri_heads=2, tri_head_width=4, single_heads=2,
             msa_blocks=1, c_m=8, opm_hidden=4, pwa_heads=2, pwa_width=4, c_atom=16, c_atom_pair=8, c_token=16,
             input_atom_blocks=1, atom_blocks=1, atom_heads=2, token_blocks=1, token_heads=2, fourier=8,
-            n_cycles=2, sampling={"steps": 2})  # fmt: skip
+            n_cycles=2, sampling={"steps": 2}, diffusion_samples={"inference": 3, "training": 2})  # fmt: skip
 
 
 def _fold_rank(rank: int, world: int, tmp: str, kind: str, grid: tuple[int, int], shape: Shape) -> None:
@@ -41,7 +41,7 @@ def fold_run(ctx, shape: Shape, chunk: int | None = None) -> tuple:
     batch = workload.build_batch(shape, ctx)
     loss, grads = loss_and_grads(workload, model, batch)
     with torch.no_grad():  # inference as the driver runs it (with chunking on: the in-place form)
-        positions = model.sample(batch)
+        positions = workload.run_step(model, batch, train=False)  # [atoms, 3 samples, 3]
     return loss, grads, positions, model, batch
 
 

@@ -12,8 +12,13 @@ from test_fold_cp import TINY
 from cpbench.core import RankContext, Shape, Topology
 from cpbench.workloads.fold import FoldWorkload
 
-SIZES = [f"workload.{key}={value}" for key, value in TINY.items() if key != "sampling"]
-SIZES.append(f"workload.sampling.steps={TINY['sampling']['steps']}")
+SIZES = [f"workload.{key}={value}" for key, value in TINY.items() if not isinstance(value, dict)]
+SIZES += [
+    f"workload.{key}.{k}={v}"
+    for key, value in TINY.items()
+    if isinstance(value, dict)
+    for k, v in value.items()
+]
 
 
 def test_torchrun_sweeps_atoms_and_msa_depth(tmp_path) -> None:

@@ -49,8 +49,9 @@ def test_fold_small_lists_sampling_steps_and_cycles_against_af3():
         11,
     )
     assert "c_z=32" in rows["model sizes"]["benchmark"] and "c_z=128" in rows["model sizes"]["real"]
-    samples = rows["diffusion samples per trunk"]
-    assert samples["limitation"] and samples["setting"] == "" and samples["real"] == "5"
+    samples = rows["diffusion samples per trunk pass"]  # a setting now, no limitation (issue 54)
+    assert not samples["limitation"] and samples["setting"] == "workload.diffusion_samples.inference"
+    assert (samples["benchmark"], samples["real"]) == ("2", "5")
     assert rows["inputs"]["setting"] == "data.path"
     assert rows["steps measured"]["benchmark"].startswith("3 warm-up + 5 timed")
 
@@ -58,12 +59,20 @@ def test_fold_small_lists_sampling_steps_and_cycles_against_af3():
 def test_fold_at_af3_sizes_lists_only_what_still_differs():
     rows = _rows("workload=fold")
     assert "model sizes" not in rows and "diffusion sampling steps" not in rows
+    assert "diffusion samples per trunk pass" not in rows  # AF3's 5
+    assert "diffusion batch per trunk pass" not in _rows("workload=fold", "workflow=training")  # AF3's 48
     assert rows["trunk passes (recycling)"]["benchmark"] == "4"
 
 
 def test_training_drops_the_inference_only_settings():
     rows = _rows("workload=fold_small", "workflow=training")
-    assert "diffusion sampling steps" not in rows and "diffusion samples per trunk" not in rows
+    assert "diffusion sampling steps" not in rows and "diffusion samples per trunk pass" not in rows
+    batch = rows["diffusion batch per trunk pass"]
+    assert (batch["benchmark"], batch["real"], batch["setting"]) == (
+        "2",
+        "48",
+        "workload.diffusion_samples.training",
+    )
     assert "model sizes" in rows
 
 

@@ -24,7 +24,7 @@ from cpbench.rank import RunSpec, walltime_points
 from cpbench.record import run_record
 from cpbench.report.single import write_report
 from cpbench.results.folder import RunFolder
-from cpbench.results.row import BASELINE, point_key
+from cpbench.results.row import BASELINE, shape_key
 from cpbench.settings.cp1 import cp1_settings
 from cpbench.settings.identity import baseline_key, config_hash
 from cpbench.settings.schema import BenchConfig, Mode, Workflow
@@ -66,7 +66,7 @@ def _complete(folder: RunFolder, base: BenchConfig) -> bool:
         return len(folder.read_convergence()) >= base.convergence.steps
     done = folder.done_keys(config_hash(base))
     points = walltime_points(base)
-    if any(point_key("point", s.n_tokens, s.n_atoms, s.msa_depth) not in done for s in points):
+    if any(shape_key("point", s) not in done for s in points):
         return False
     return not base.probe.enabled or any(key.startswith("max-fit:") for key in done)
 

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from cpbench.results.folder import RunFolder
-from cpbench.results.row import point_key
+from cpbench.results.row import row_key
 from cpbench.settings.schema import BenchConfig
 
 CHECKED = ("checksum", "loss", "grad_norm")
@@ -70,7 +70,4 @@ def reference_rows(folder: RunFolder, config_hash: str) -> dict[str, dict[str, A
     if frame.empty:
         return {}
     rows = frame[(frame["kind"] == "point") & (frame["config_hash"] == config_hash)]
-    return {
-        point_key(r["kind"], r["N_tokens"], r["N_atoms"], r["MSA_depth"]): r
-        for r in rows.astype(object).where(rows.notna(), None).to_dict("records")
-    }
+    return {row_key(r): r for r in rows.astype(object).where(rows.notna(), None).to_dict("records")}

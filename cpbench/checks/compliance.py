@@ -176,9 +176,18 @@ def rule_same_answer(results: Results) -> Verdict:
     if frame.empty or "checksum" not in frame.columns:
         return Verdict(rule, "n/a", "no repeated run")
     # A run's cp=1 baseline rows carry the run's config hash: the topology tells them apart.
-    identity = ("config_hash", "topology", "cp", "grid", "N_tokens", "N_atoms", "MSA_depth")
+    identity = (
+        "config_hash",
+        "topology",
+        "cp",
+        "grid",
+        "N_tokens",
+        "N_atoms",
+        "MSA_depth",
+        "diffusion_samples",
+    )
     key = [c for c in identity if c in frame]
-    groups = [g for _, g in frame.dropna(subset=["checksum"]).groupby(key) if len(g) > 1]
+    groups = [g for _, g in frame.dropna(subset=["checksum"]).groupby(key, dropna=False) if len(g) > 1]
     if not groups:
         return Verdict(rule, "n/a", "no point measured twice under one configuration")
     differ = [f"N={g['N_tokens'].iloc[0]} ({', '.join(map(str, g['_run']))}): {list(g['checksum'])}"

@@ -12,7 +12,7 @@ from typing import Any
 import pandas as pd
 
 from cpbench.checks.accuracy import CHECKED
-from cpbench.results.row import point_key
+from cpbench.results.row import row_key, samples_of
 
 FIGURES = ("walltime_ms", *CHECKED)
 POINT = ("N_tokens", "N_atoms", "MSA_depth")
@@ -24,7 +24,7 @@ def _ok_points(frame: pd.DataFrame, config_hash: str) -> dict[str, dict[str, Any
     rows = frame[
         (frame["kind"] == "point") & (frame["status"] == "ok") & (frame["config_hash"] == config_hash)
     ]
-    return {point_key("point", *(r[k] for k in POINT)): r for r in rows.to_dict("records")}
+    return {row_key(r): r for r in rows.to_dict("records")}
 
 
 def spread(values: Sequence[float]) -> dict[str, float]:
@@ -45,6 +45,8 @@ def repeat_spread(frames: Sequence[pd.DataFrame], config_hash: str) -> dict[str,
     ):
         rows = [run[key] for run in runs]
         point: dict[str, Any] = {k: int(rows[0][k]) for k in POINT}
+        if (samples := samples_of(rows[0].get("diffusion_samples"))) is not None:
+            point["diffusion_samples"] = samples
         for name in FIGURES:
             values = [row.get(name) for row in rows]
             if any(v is None or (isinstance(v, float) and math.isnan(v)) for v in values):

@@ -36,6 +36,7 @@ from cpbench.experiment.verdict import change_pct, judge, judge_max_n, median_ch
 from cpbench.record import run_record
 from cpbench.report.experiments import write_experiments
 from cpbench.results.folder import RunFolder
+from cpbench.results.row import samples_of
 
 # Checks one composed config as a plain run would (raises ConfigError); runs one (returns its exit code).
 Check = Callable[[DictConfig], object]
@@ -63,7 +64,8 @@ class Measured:
         repeats, first, peak, max_n = {}, {}, {}, None
         if not frame.empty:
             for row in frame.itertuples():
-                key = (int(row.N_tokens), int(row.N_atoms), int(row.MSA_depth))
+                samples = samples_of(getattr(row, "diffusion_samples", None))
+                key = (int(row.N_tokens), int(row.N_atoms), int(row.MSA_depth), samples)
                 if row.kind == "max-fit":
                     max_n = int(row.N_tokens) if row.status == "ok" else None
                 elif row.status == "ok" and isinstance(row.repeats_ms, str) and row.repeats_ms:

@@ -37,7 +37,7 @@ from cpbench.runtime.compile_cache import import_dynamo
 from cpbench.runtime.rank import device_type, joined_context, pick_backend, visible_gpus
 from cpbench.runtime.seed import seed_all
 from cpbench.settings.schema import BenchConfig, Workflow
-from cpbench.sweep import resolve_shape
+from cpbench.sweep import run_shape
 from cpbench.torch_compat import SkipCollectives
 from cpbench.workloads.base import Contract, Workload, traits
 
@@ -417,7 +417,7 @@ def for_run(settings: BenchConfig, workload: Workload, topology: Topology) -> Pr
         prediction = predict(
             workload,
             topology,
-            lambda n: resolve_shape(settings.shape, n_tokens=n),
+            lambda n: run_shape(settings, n),
             settings.workflow is Workflow.training,
             getattr(torch, settings.dtype.value),
             settings.seed,
@@ -438,7 +438,7 @@ def holders_at(
     """Who holds the run's peak at N on its first traced rank (bytes, largest first), traced with the
     chunks its ranks run; CannotTrace where the workload cannot run on fake tensors."""
     backend = pick_backend(settings.dist.backend)
-    shape, dtype = resolve_shape(settings.shape, n_tokens=n), getattr(torch, settings.dtype.value)
+    shape, dtype = run_shape(settings, n), getattr(torch, settings.dtype.value)
     with chunking.sized_for(cap_gib(settings.memory, device_type(backend))):
         held = peak_owners(workload, topology, shape, settings.workflow is Workflow.training, dtype,
                            settings.seed, traced_ranks(topology)[0], backend == "gloo")  # fmt: skip

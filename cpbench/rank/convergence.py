@@ -19,12 +19,12 @@ from cpbench.report import plots
 from cpbench.results.folder import RunFolder
 from cpbench.runtime.logs import LOG
 from cpbench.settings.identity import curve_key
-from cpbench.sweep import resolve_shape
+from cpbench.sweep import run_shape
 
 
 def converge(measurer: Measurer, settings: PointSettings, baseline: RunFolder | None) -> None:
     s = measurer.session
-    shape, steps = resolve_shape(s.settings.shape), s.settings.convergence.steps
+    shape, steps = run_shape(s.settings), s.settings.convergence.steps
     LOG.info(
         "%s convergence on %s cp=%d: %d step(s) at N=%d -> %s", s.workload_name, s.ctx.topology.label,
         s.ctx.topology.cp, steps, shape.n_tokens, s.folder.root,

@@ -17,14 +17,14 @@ from cpbench.probe.search import SearchConfig, Trial, answered
 from cpbench.probe.state import ProbeState
 from cpbench.rank.points import Measurer, predicted_gib
 from cpbench.rank.session import RankSession
-from cpbench.results.row import BASELINE, shape_key
+from cpbench.results.row import BASELINE, samples_of, shape_key
 from cpbench.runtime.logs import LOG
 from cpbench.settings.schema import ProbeConfig
-from cpbench.sweep import resolve_shape
+from cpbench.sweep import run_shape
 
 
 def probe_shape(session: RankSession, n_tokens: int) -> Shape:
-    return resolve_shape(session.settings.shape, n_tokens=n_tokens)
+    return run_shape(session.settings, n_tokens)
 
 
 def search_for(session: RankSession, probe: ProbeConfig, prediction: Prediction | None) -> SearchConfig:
@@ -138,7 +138,8 @@ def point_trials(session: RankSession) -> list[Trial]:
     trials = {}
     for r in points[points["status"].isin(["ok", "oom"])].itertuples():
         n = int(r.N_tokens)
-        if probe_shape(session, n) == Shape(n, int(r.N_atoms), int(r.MSA_depth)):
+        samples = samples_of(getattr(r, "diffusion_samples", None))
+        if probe_shape(session, n) == Shape(n, int(r.N_atoms), int(r.MSA_depth), samples):
             peak, least = (None if pd.isna(v) else float(v) for v in (r.peak_mem_gib, r.peak_mem_min_gib))
             trials[n] = Trial(n=n, fits=r.status == "ok", status=r.status, peak_gib=peak, peak_min_gib=least,
                               point=True)  # fmt: skip

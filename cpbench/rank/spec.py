@@ -38,4 +38,4 @@ def walltime_points(settings: BenchConfig) -> list[Shape]:
     """The points a run measures: the feature file's one shape, else the product of the sweep lists."""
     if settings.data.path:
         return [input_point(settings.data.path, settings.seed, settings.data.msa_depth)]
-    return sweep_points(settings.shape, settings.sweep)
+    return sweep_points(settings)

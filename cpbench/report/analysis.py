@@ -15,9 +15,12 @@ if TYPE_CHECKING:
     from cpbench.record.run_record import RunMetadata
 
 # Rows differing in any of these are different experiments: each gets its own tables, plots, readout.
-# The workload's preset and a hash of its settings, the device model and the memory cap as set
-# (cpbench/results/row.py); rows written before a column existed group by the others.
-LIKE_FOR_LIKE = ["workload", "preset", "sizes_hash", "workflow", "dtype", "device", "memory_budget"]
+# The workload's preset and a hash of its settings, the device model, the memory cap as set, and the
+# diffusion samples per trunk pass (they move the peak and the step: a max N at 1 sample is no answer
+# at 5) (cpbench/results/row.py); rows written before a column existed group by the others.
+LIKE_FOR_LIKE = [
+    "workload", "preset", "sizes_hash", "workflow", "dtype", "device", "memory_budget", "diffusion_samples",
+]  # fmt: skip
 # Above this share of walltime in collectives, a run is communication-bound.
 BOUND_SHARE = 0.5
 # A point whose IQR over repeats exceeds this share of its median walltime is noisy.
@@ -44,7 +47,8 @@ def _first(group: pd.DataFrame, column: str) -> str:
 
 
 def experiment_label(group: pd.DataFrame) -> str:
-    """What a group measured, e.g. `fold_small [sizes a90614e6], inference, float32, cap 0.5 GiB/rank`:
+    """What a group measured, e.g. `fold_small [sizes a90614e6], inference, float32, 2 diffusion
+    sample(s) per trunk pass, cap 0.5 GiB/rank`:
     the model's own name follows a preset that does not start with it (`adapter (my.module)`)."""
     preset, workload, sizes = (_first(group, c) for c in ("preset", "workload", "sizes_hash"))
     name = preset or workload
@@ -52,7 +56,9 @@ def experiment_label(group: pd.DataFrame) -> str:
     name += f" [sizes {sizes}]" if sizes else ""
     cap = _first(group, "memory_budget")
     cap = {"": "", "none": "uncapped", "device memory": "cap: device memory"}.get(cap, f"cap {cap}/rank")
-    parts = [name, _first(group, "workflow"), _first(group, "dtype"), cap]
+    samples = _first(group, "diffusion_samples")
+    samples = f"{int(float(samples))} diffusion sample(s) per trunk pass" if samples else ""
+    parts = [name, _first(group, "workflow"), _first(group, "dtype"), samples, cap]
     parts += [f"input {_first(group, 'input')}"] if _first(group, "input") else []
     return ", ".join(part for part in parts if part)
 

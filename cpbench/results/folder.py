@@ -20,7 +20,7 @@ import pandas as pd
 
 from cpbench.core import ConfigError
 from cpbench.results.flight import Flight
-from cpbench.results.row import BASELINE, COLUMNS, point_key
+from cpbench.results.row import BASELINE, COLUMNS, row_key
 from cpbench.results.store import append_rows, read_results, write_atomically
 
 
@@ -290,7 +290,7 @@ class RunFolder:
         mine = frame[frame["config_hash"] == config_hash]
         if "source" in mine.columns:
             mine = mine[mine["source"] != BASELINE]
-        return {point_key(r.kind, r.N_tokens, r.N_atoms, r.MSA_depth) for r in mine.itertuples()}
+        return {row_key(r) for r in mine.to_dict("records")}
 
     def read_convergence(self) -> pd.DataFrame:
         """The convergence curve so far; empty when there is none."""
@@ -341,13 +341,13 @@ class PointInFlight:
     def row(self) -> dict[str, Any] | None:
         """The point in flight, unless its row was written (a run can die between the two writes)."""
         row = self._flight().item
-        if row is None or _key(row) in self.folder.done_keys(row["config_hash"]):
+        if row is None or row_key(row) in self.folder.done_keys(row["config_hash"]):
             return None
         return row
 
     def start(self, row: Mapping[str, Any]) -> None:
         flight = self._flight()
-        self._save(flight.start(dict(row), flight.item is not None and _key(flight.item) == _key(row)))
+        self._save(flight.start(dict(row), flight.item is not None and row_key(flight.item) == row_key(row)))
 
     def finish(self, row: Mapping[str, Any]) -> None:
         """Append the point's row, then clear the in-flight mark."""
@@ -397,4 +397,4 @@ class PointInFlight:
 
 
 def _key(row: Mapping[str, Any]) -> str:
-    return point_key(row["kind"], row["N_tokens"], row["N_atoms"], row["MSA_depth"])
+    return row_key(row)

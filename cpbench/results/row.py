@@ -83,6 +83,7 @@ class ResultRow:
     N_tokens: int
     N_atoms: int
     MSA_depth: int
+    diffusion_samples: int | None = None  # per trunk pass, for a workload with a diffusion batch (fold)
     dtype: str
     measured: Measured = field(default_factory=Measured)  # its columns in its place
     kind: str  # point | max-fit
@@ -128,7 +129,7 @@ class ResultRow:
 
     @property
     def key(self) -> str:
-        return point_key(self.kind, self.N_tokens, self.N_atoms, self.MSA_depth)
+        return point_key(self.kind, self.N_tokens, self.N_atoms, self.MSA_depth, self.diffusion_samples)
 
     def as_dict(self) -> dict[str, Any]:
         row: dict[str, Any] = {}
@@ -150,17 +151,33 @@ class RowIdentity:
     def row(self, shape: Shape, kind: str, repeats: int, predicted_peak_gib: float | None) -> ResultRow:
         return ResultRow(
             **self.columns, N_tokens=shape.n_tokens, N_atoms=shape.n_atoms, MSA_depth=shape.msa_depth,
-            kind=kind, predicted_peak_gib=predicted_peak_gib, measured=Measured(repeats=repeats),
+            diffusion_samples=shape.diffusion_samples, kind=kind, predicted_peak_gib=predicted_peak_gib,
+            measured=Measured(repeats=repeats),
         )  # fmt: skip
 
 
-def point_key(kind: str, n_tokens: int, n_atoms: int, msa_depth: int) -> str:
-    """Rows with the same key (and config hash) are the same point: a rerun skips it."""
-    return f"{kind}:{n_tokens}:{n_atoms}:{msa_depth}"
+def point_key(kind: str, n_tokens: int, n_atoms: int, msa_depth: int, diffusion_samples: Any = None) -> str:
+    """Rows with the same key (and config hash) are the same point: a rerun skips it. The diffusion
+    samples are in it where there are some (a blank or NaN cell: none)."""
+    key = f"{kind}:{int(n_tokens)}:{int(n_atoms)}:{int(msa_depth)}"
+    samples = samples_of(diffusion_samples)
+    return key if samples is None else f"{key}:{samples}"
+
+
+def samples_of(cell: Any) -> int | None:
+    """A row's diffusion samples as read back: None for a blank cell (NaN), or a row written before
+    the column."""
+    return None if cell is None or cell != cell else int(cell)
+
+
+def row_key(row: Mapping[str, Any]) -> str:
+    """The key of a row read back (results.csv, state.json)."""
+    samples = row.get("diffusion_samples")
+    return point_key(row["kind"], row["N_tokens"], row["N_atoms"], row["MSA_depth"], samples)
 
 
 def shape_key(kind: str, shape: Shape) -> str:
-    return point_key(kind, shape.n_tokens, shape.n_atoms, shape.msa_depth)
+    return point_key(kind, shape.n_tokens, shape.n_atoms, shape.msa_depth, shape.diffusion_samples)
 
 
 BASELINE = "baseline"  # the `source` of a cp=1 baseline row

@@ -53,11 +53,14 @@ class ShapeConfig:
 
 @dataclass
 class SweepConfig:
-    """The walltime points: the product of these lists (null entries take `shape.*`)."""
+    """The walltime points: the product of these lists (null entries take `shape.*`, or the workload's)."""
 
     n_tokens: list[int] = field(default_factory=lambda: [128, 256])  # N_tokens of the points
     n_atoms: list[Any] = field(default_factory=lambda: [None])  # N_atoms of the points
     msa_depth: list[Any] = field(default_factory=lambda: [None])  # MSA depths of the points
+    # Diffusion samples per trunk pass (a workload with a diffusion batch, fold): null takes the
+    # workload's `diffusion_samples` for the workflow, as the probe's and a convergence run's shape do.
+    diffusion_samples: list[Any] = field(default_factory=lambda: [None])
 
 
 @dataclass

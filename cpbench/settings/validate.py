@@ -29,6 +29,16 @@ def to_settings(cfg: DictConfig) -> BenchConfig:
     return settings
 
 
+def workload_samples(settings: BenchConfig) -> int | None:
+    """The workload's own diffusion samples per trunk pass in the run's workflow (its
+    `diffusion_samples`); None for a workload without a diffusion batch."""
+    counts = settings.workload.get("diffusion_samples") if isinstance(settings.workload, dict) else None
+    if not counts:
+        return None
+    training = settings.workflow in (Workflow.training, Workflow.convergence)
+    return counts.get("training" if training else "inference")
+
+
 def _positive(name: str, value, allow_null: bool = False) -> None:
     if value is None and allow_null:
         return
@@ -55,7 +65,12 @@ def validate(settings: BenchConfig) -> Topology:
         _positive(f"shape.{key}", getattr(shape, key))
     _positive("shape.n_atoms", shape.n_atoms, allow_null=True)
     _positive("dist.cpu_threads", settings.dist.cpu_threads, allow_null=True)
-    for key in ("n_tokens", "n_atoms", "msa_depth"):
+    if workload_samples(settings) is None and any(v is not None for v in sweep.diffusion_samples):
+        raise ConfigError(
+            f"sweep.diffusion_samples={list(sweep.diffusion_samples)}: this workload has no diffusion "
+            "batch (no `workload.diffusion_samples`; workload=fold has one)"
+        )
+    for key in ("n_tokens", "n_atoms", "msa_depth", "diffusion_samples"):
         values = list(getattr(sweep, key))
         if not values and (key != "n_tokens" or not settings.probe.enabled):
             # No N_tokens at all is the probe alone; without it the run would measure nothing.

@@ -1,10 +1,12 @@
 """Built-in workload: the AlphaFold3 fold model (input embedder with atom attention, recycled MSA
 module and Pairformer, diffusion) with 1d or 2d context parallelism; see docs/fold.md.
 
-Inference: the trunk, then `sampling.steps` diffusion steps from noise; the output is my atoms'
-positions. Training: the trunk and one denoising step on the reference positions, with AF3's
-weighted MSE; the driver runs backward, sums replicated gradients and steps AdamW. All knobs of
-the pairformer workload apply to the Pairformer stack; `n_blocks` is its depth.
+Inference: the trunk, then `sampling.steps` diffusion steps from noise for a batch of
+`diffusion_samples.inference` structures; the output is my atoms' positions in each. Training: the
+trunk and one denoising step of `diffusion_samples.training` noised copies of the reference
+positions, with AF3's weighted MSE; the driver runs backward, sums replicated gradients and steps
+AdamW. A point's `Shape.diffusion_samples` (sweep.diffusion_samples) overrides the count. All knobs
+of the pairformer workload apply to the Pairformer stack; `n_blocks` is its depth.
 """
 
 from __future__ import annotations
@@ -50,8 +52,8 @@ AF3_TRAINING = (
         "AF3 trains on crops of 384 tokens, then fine-tunes at 640 and 768: N sets memory and the balance "
         "of compute and communication", section="sweep", workflow="training",
     ),
-    Limitation(
-        "diffusion batch per trunk pass", "1 noise sample", "48 noise samples",
+    RealSetting(
+        {"diffusion_samples.training": 48}, "diffusion batch per trunk pass",
         "AF3 denoises 48 noised copies of the structure per trunk pass: the diffusion module's work and "
         "activations grow with it, the trunk's do not", workflow="training",
     ),
@@ -77,10 +79,10 @@ AF3_INFERENCE = (
         "in proportion", scales=True, workflow="inference",
     ),
     RealSetting(AF3_SIZES, "model sizes", SIZES_WHY, setting="workload=fold (AF3's sizes)"),
-    Limitation(
-        "diffusion samples per trunk", 1, 5,
-        "the fold model denoises one sample; AF3 batches 5, which multiplies the sampler's work",
-        workflow="inference",
+    RealSetting(
+        {"diffusion_samples.inference": 5}, "diffusion samples per trunk pass",
+        "AF3 samples 5 structures per trunk pass, batched: the sampler's work and its activations (the "
+        "token attention's logits above all) grow with them, the trunk's do not", workflow="inference",
     ),
     *AF3_TRAINING,
 )  # fmt: skip
@@ -110,6 +112,7 @@ class FoldWorkload(PairformerWorkload):
         fourier: int = 256,
         n_cycles: int = 4,
         sampling: Mapping[str, int] | None = None,
+        diffusion_samples: Mapping[str, int] | None = None,
         **pairformer,
     ):
         super().__init__(**pairformer)
@@ -123,6 +126,7 @@ class FoldWorkload(PairformerWorkload):
             raise ValueError(f"sampling={sampling}: the sampler takes one setting, `steps`")
         steps = sampling["steps"]
         self.loop = dict(input_atom_blocks=input_atom_blocks, n_cycles=n_cycles, sampling_steps=steps)
+        self.diffusion_samples = diffusion_sample_counts(diffusion_samples)
         self.fold = self._fold_config(self.cfg)  # fails early, by knob name
 
     def peak_form(self, train: bool) -> FoldWorkload:
@@ -184,6 +188,7 @@ class FoldWorkload(PairformerWorkload):
             **FoldBatch.token_fields(shard),
             msa=shard.msa,
             atoms=AtomContext(atoms, windows, range(shard.rows.start, shard.rows.stop), ctx.seed),
+            samples=shape.diffusion_samples,
         )
 
     def columns(self, train: bool) -> dict[str, int]:
@@ -191,7 +196,21 @@ class FoldWorkload(PairformerWorkload):
         return {"sampling_steps": 0 if train else self.fold.sampling_steps, "n_cycles": self.fold.n_cycles}
 
     def run_step(self, model: FoldModel, batch: FoldBatch, train: bool) -> torch.Tensor:
+        samples = batch.samples or self.diffusion_samples["training" if train else "inference"]
         with torch.set_grad_enabled(train), model.autocast():
             if train:
-                return model.loss(batch)
-            return model.sample(batch)
+                return model.loss(batch, samples)
+            return model.sample(batch, samples)
+
+
+def diffusion_sample_counts(counts: Mapping[str, int] | None) -> dict[str, int]:
+    """The diffusion samples per trunk pass in each workflow: AF3's (5 in inference, 48 in training)
+    where not given."""
+    given = dict(counts) if counts is not None else {}
+    if not set(given) <= {"inference", "training"}:
+        raise ValueError(f"diffusion_samples={given}: the counts are `inference` and `training`")
+    counts = {"inference": 5, "training": 48, **given}
+    for workflow, n in counts.items():
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise ValueError(f"diffusion_samples.{workflow}={n}: must be an integer >= 1")
+    return counts

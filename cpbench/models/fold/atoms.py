@@ -174,19 +174,25 @@ class AtomTransformer(nn.Module):
     def forward(
         self, q: torch.Tensor, c_ext: torch.Tensor, p: torch.Tensor, windows: AtomWindows
     ) -> torch.Tensor:
-        """q [block, c] my atoms; c_ext [hi - lo, c] the conditioning of the extended range;
-        p [W, 32, 128, c_pair]. Returns my atoms' q."""
+        """q [block, c] my atoms, or [block, samples, c] a batch of diffusion samples; c_ext
+        [hi - lo, c] the conditioning of the extended range; p [W, 32, 128, c_pair], both shared by
+        the samples. Returns my atoms' q."""
         key_mask = windows.key_mask(q.device)
         c_q = windows.queries(c_ext)
+        batched = q.dim() == 3
+        if batched:  # the samples in front of each window's atoms: [W, S, 32 or 128, ...]
+            c_ext, c_q, key_mask = c_ext[:, None], c_q[:, None], key_mask[:, None]
+        front = _samples_in_front if batched else _as_is
         for attention, transition in zip(self.attention, self.transition, strict=True):
             q_ext = windows.extend(q)
             x = attention.adaln(q_ext, c_ext)
-            query, g = attention.queries(windows.queries(x))
-            k, v = attention.keys_values(windows.keys(x))
-            part = ops.attention_partial(query, k, v, attention.pair_bias(p), key_mask)
-            a = windows.queries(q_ext) + attention.output(part, g, c_q)
+            query, g = attention.queries(front(windows.queries(x)))
+            k, v = attention.keys_values(front(windows.keys(x)))
+            bias = attention.pair_bias(p)
+            part = ops.attention_partial(query, k, v, bias[:, None] if batched else bias, key_mask)
+            a = front(windows.queries(q_ext)) + attention.output(part, g, c_q)
             a = a + transition(a, c_q)
-            q = windows.mine(a)
+            q = windows.mine(a.movedim(1, 2) if batched else a)
         return q
 
 
@@ -268,10 +274,11 @@ class AtomEncoder(nn.Module):
         cond: AtomConditioning,
         noisy_pos: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-        """The atom transformer on the conditioning (plus the noisy positions), then the mean over each
-        token's atoms. Returns the token activations [h, c_token] and the skip tensors (q [block, c],
-        c_ext, p) for the decoder."""
-        q = cond.c if noisy_pos is None else cond.c + self.noisy_pos(noisy_pos)
+        """The atom transformer on the conditioning (plus the noisy positions [block, samples, 3] of a
+        batch of diffusion samples), then the mean over each token's atoms. Returns the token
+        activations [h, (samples,) c_token] and the skip tensors (q [block, (samples,) c], c_ext, p)
+        for the decoder."""
+        q = cond.c if noisy_pos is None else cond.c[:, None] + self.noisy_pos(noisy_pos)
         q = self.transformer(q, cond.c_ext, cond.p, windows)
         a = F.relu(self.to_token(q))
         token = atoms["atom_to_token"] - rows.start
@@ -301,16 +308,26 @@ class AtomEncoder(nn.Module):
         return piece[row, (tok_k - band.start)[:, None, :]]
 
 
+def _samples_in_front(x: torch.Tensor) -> torch.Tensor:
+    """[W, Q, samples, ...] -> [W, samples, Q, ...]: attention's batch dims in front of its queries."""
+    return x.movedim(2, 1)
+
+
+def _as_is(x: torch.Tensor) -> torch.Tensor:
+    return x
+
+
 def _token_mean(
     x: torch.Tensor, token: torch.Tensor, real: torch.Tensor, n_rows: int, windows: AtomWindows
 ) -> torch.Tensor:
-    """Mean over each token's real atoms: [block, c] -> [n_rows, c] (tokens without atoms get 0).
-    A token's atoms may lie on several ranks of my row group: sums and counts add up over it."""
-    weight = real.float()[:, None]  # float32 sums: one rank and CP add in different orders
-    total = x.new_zeros(n_rows, x.shape[-1], dtype=torch.float32).index_add(0, token, x.float() * weight)
-    count = weight.new_zeros(n_rows, 1).index_add(0, token, weight)
-    both = all_reduce_sum(torch.cat([total, count], dim=-1), windows.row_group)
-    return (both[:, :-1] / both[:, -1:].clamp(min=1)).to(x.dtype)
+    """Mean over each token's real atoms: [block, (samples,) c] -> [n_rows, (samples,) c] (tokens
+    without atoms get 0). A token's atoms may lie on several ranks of my row group: sums and counts add
+    up over it."""
+    weight = real.float().reshape(-1, *[1] * (x.dim() - 1))  # float32 sums: the ranks add in any order
+    total = x.new_zeros(n_rows, *x.shape[1:], dtype=torch.float32).index_add(0, token, x.float() * weight)
+    count = weight.new_zeros(n_rows, *weight.shape[1:]).index_add(0, token, weight)
+    both = all_reduce_sum(torch.cat([total, count.expand(*total.shape[:-1], 1)], dim=-1), windows.row_group)
+    return (both[..., :-1] / both[..., -1:].clamp(min=1)).to(x.dtype)
 
 
 class AtomDecoder(nn.Module):

@@ -98,8 +98,9 @@ class ConditionedAttention(nn.Module):
 
 class TokenTransformer(nn.Module):
     """Algorithm 23 over tokens: each block attends over every token with a bias from the pair
-    block z, then applies a conditioned transition. a and s are my row tokens (replicated over
-    the row group); keys come from the column group and the row group merges its partials."""
+    block z, then applies a conditioned transition. a [h, samples, c_a] and s [h, 1 or samples, c_s]
+    are my row tokens (replicated over the row group) for a batch of diffusion samples; keys come from
+    the column group and the row group merges its partials."""
 
     def __init__(
         self, c_a: int, c_s: int, c_z: int, n_blocks: int, heads: int, chunk_size: int | str | None = None
@@ -115,15 +116,17 @@ class TokenTransformer(nn.Module):
         n = mask.shape[0]
         cols = layout.cols(n)
         mask_bias = ops.MASK_BIAS * (mask[cols.start : cols.stop] - 1)
+        s_front = s.movedim(1, 0)  # [S, h, c_s]
         for attention, transition in zip(self.attention, self.transition, strict=True):
             with op_label("diffusion.token_attention"):
                 x = attention.adaln(a, s)
-                q, g = attention.queries(x)
-                k, v = attention.keys_values(layout.col_tokens(x, n))
+                q, g = attention.queries(x.movedim(1, 0))  # the samples in front: [S, h, ...]
+                k, v = attention.keys_values(layout.col_tokens(x, n).movedim(1, 0))
+                # One bias for every sample: the logits [S, H, h, w] grow with the samples, it does not.
                 bias = pair_bias_rows(z, attention.pair_bias_last, self.chunk_size).movedim(-1, -3)
                 part = ops.attention_partial(q, k, v, bias, mask_bias)
                 del bias
-                a = a + attention.output(layout.merge_row_group(part), g, s)
+                a = a + attention.output(layout.merge_row_group(part), g, s_front).movedim(0, 1)
             with op_label("diffusion.token_transition"):
                 a = a + transition(a, s)
         return a

@@ -102,12 +102,14 @@ class FoldModel(MixedPrecision, nn.Module):
             z_cond = self.diffusion.conditioning.pair(z, lambda rows: self.relative_position(batch, rows))
         return s_inputs, s, z_cond
 
-    def sample(self, batch: FoldBatch) -> torch.Tensor:
-        """Positions [atom block, 3] of my atoms after `sampling_steps` denoising steps."""
+    def sample(self, batch: FoldBatch, samples: int) -> torch.Tensor:
+        """Positions [atom block, samples, 3] of my atoms after `sampling_steps` denoising steps of a
+        batch of `samples` structures on one trunk pass."""
         trunk = self.conditioned_trunk(batch)
-        return self.diffusion.sample(self.cfg.sampling_steps, trunk, batch.mask, self.layout, batch.atoms)
+        steps = self.cfg.sampling_steps
+        return self.diffusion.sample(steps, samples, trunk, batch.mask, self.layout, batch.atoms)
 
-    def loss(self, batch: FoldBatch) -> torch.Tensor:
-        """This rank's share of the denoising loss of one training step."""
+    def loss(self, batch: FoldBatch, samples: int) -> torch.Tensor:
+        """This rank's share of the denoising loss of one training step on `samples` noised copies."""
         trunk = self.conditioned_trunk(batch)
-        return self.diffusion.denoising_loss(trunk, batch.mask, self.layout, batch.atoms)
+        return self.diffusion.denoising_loss(samples, trunk, batch.mask, self.layout, batch.atoms)

@@ -18,7 +18,7 @@ from cpbench.report.analysis import (
     prediction_errors,
 )
 from cpbench.report.peak_terms import edge_sentence
-from cpbench.results.row import BASELINE
+from cpbench.results.row import BASELINE, samples_of
 
 
 def _max_n_sentences(frame: pd.DataFrame) -> list[str]:
@@ -57,13 +57,20 @@ def _holder_sentence(frame: pd.DataFrame) -> str:
     if "peak_holder" not in frame.columns:
         return ""
     rows = frame[(frame["kind"] == "max-fit") & frame["peak_holder"].fillna("").astype(bool)]
-    parts = [
-        f"cp={r.cp} {r.topology} at N={r.N_tokens}: {r.peak_holder}"
-        for r in rows.sort_values(["cp", "topology", "N_tokens"])
-        .drop_duplicates(["cp", "topology"], keep="last")
-        .itertuples()
-    ]
-    return "The fake-tensor trace at each edge puts the peak in: " + "; ".join(parts) + "." if parts else ""
+    edges = rows.sort_values(["cp", "topology", "N_tokens"]).drop_duplicates(["cp", "topology"], keep="last")
+    parts = [f"cp={r.cp} {r.topology} at N={r.N_tokens}: {r.peak_holder}" for r in edges.itertuples()]
+    if not parts:
+        return ""
+    sentence = "The fake-tensor trace at each edge puts the peak in: " + "; ".join(parts) + "."
+    batch = [r for r in edges.to_dict("records") if str(r["peak_holder"]).startswith("diffusion.")]
+    if batch and (samples := samples_of(batch[0].get("diffusion_samples"))) is not None:
+        where = ", ".join(f"cp={r['cp']} {r['topology']}" for r in batch)
+        sentence += (
+            f" At {where} that is the diffusion module, which runs its {samples} sample(s) per trunk pass "
+            "as one batch: its activations grow with the samples and the trunk's do not, so fewer samples "
+            "per pass (or passes of fewer) would fit a larger N."
+        )
+    return sentence
 
 
 def _comm_sentences(frame: pd.DataFrame) -> list[str]:

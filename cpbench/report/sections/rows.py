@@ -15,7 +15,7 @@ HEADERS = {
     "kind": "kind", "workload": "workload", "preset": "preset", "workflow": "workflow",
     "topology": "topology", "cp": "cp",
     "input": "input", "chains": "chains", "N_tokens": "N_tokens", "N_atoms": "N_atoms", "MSA_depth": "MSA",
-    "dtype": "dtype", "status": "status",
+    "diffusion_samples": "samples", "dtype": "dtype", "status": "status",
     "walltime_ms": "walltime ms (median)", "walltime_iqr_ms": "IQR ms", "tokens_per_s": "tokens/s",
     "comm_ms": "comm ms", "peak_mem_gib": "peak GiB (max rank)", "peak_mem_min_gib": "peak GiB (min rank)",
     "predicted_peak_gib": "predicted peak GiB", "checksum": "checksum", "seed": "seed",
@@ -25,7 +25,8 @@ HEADERS = {
 
 def table_lines(frame: pd.DataFrame, extra: Sequence[str] = ()) -> list[str]:
     cols = [c for c in extra if c in frame.columns] + [c for c in HEADERS if c in frame.columns]
-    for optional in ("predicted_peak_gib", "input", "chains"):  # a run without probe.predict, data.path
+    # a run without probe.predict, data.path, a diffusion batch
+    for optional in ("predicted_peak_gib", "input", "chains", "diffusion_samples"):
         if optional in cols and frame[optional].replace("", None).isna().all():
             cols.remove(optional)
     if "preset" in cols and (frame["preset"].isna() | (frame["preset"] == frame["workload"])).all():

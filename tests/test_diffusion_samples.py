@@ -1,0 +1,109 @@
+"""Diffusion samples per trunk pass: the fold model denoises a batch of samples on one trunk pass, as
+AlphaFold3 does (5 in inference, 48 noised copies in training); a run sweeps the count as an axis,
+records it in every row and groups by it; a workload without a diffusion batch refuses the axis.
+tests/test_fold_cp.py checks the batched forms, 1d and 2d, against one rank."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+import torch
+from conftest import FAST, cpbench, ok, refused, results
+from test_fold_cp import TINY
+from test_fold_workload import SIZES
+
+from cpbench.core import RankContext, Shape, Topology
+from cpbench.report.analysis import like_for_like
+from cpbench.report.sections.readout import readout
+from cpbench.results.row import COLUMNS
+from cpbench.workloads.fold import FoldWorkload
+
+ONE_RANK = Topology("1d", 1, (1, 1))
+
+
+def _one_rank() -> RankContext:
+    return RankContext(0, 1, torch.device("cpu"), None, ONE_RANK, torch.float32, 0, (0, 0), None, None)
+
+
+@pytest.mark.unit
+def test_a_batch_of_samples_is_that_many_samples_from_one_trunk_pass():
+    """Sample 0 of a batch is the structure a batch of one samples (its noise is the same draw); the
+    others are samples of their own; a training step's loss averages its copies' losses."""
+    ctx = _one_rank()
+    workload = FoldWorkload(**TINY)
+    model = workload.build_model(ctx)
+    with torch.no_grad():
+        one = workload.run_step(model, workload.build_batch(Shape(20, 150, 3, 1), ctx), train=False)
+        three = workload.run_step(model, workload.build_batch(Shape(20, 150, 3, 3), ctx), train=False)
+    assert one.shape[1:] == (1, 3) and three.shape[1:] == (3, 3)
+    torch.testing.assert_close(three[:, 0], one[:, 0])
+    assert not torch.allclose(three[:, 1], three[:, 0]) and not torch.allclose(three[:, 2], three[:, 1])
+    # A shape without a count takes the workload's own for the workflow (TINY: 3 in inference).
+    with torch.no_grad():
+        default = workload.run_step(model, workload.build_batch(Shape(20, 150, 3), ctx), train=False)
+    torch.testing.assert_close(default, three)
+    losses = [
+        workload.run_step(model, workload.build_batch(Shape(20, 150, 3, s), ctx), train=True).item()
+        for s in (1, 2)
+    ]
+    assert losses[0] != losses[1] and all(loss > 0 for loss in losses)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("counts", "words"),
+    [
+        ({"inference": 0}, "diffusion_samples.inference=0: must be an integer >= 1"),
+        ({"training": 2.5}, "diffusion_samples.training=2.5: must be an integer >= 1"),
+        ({"sampling": 2}, "the counts are `inference` and `training`"),
+    ],
+)
+def test_a_bad_count_fails_by_name(counts: dict, words: str) -> None:
+    with pytest.raises(ValueError, match=words):
+        FoldWorkload(**{**TINY, "diffusion_samples": counts})
+
+
+@pytest.mark.unit
+def test_a_workload_without_a_diffusion_batch_refuses_the_axis(tmp_path):
+    proc = refused("workload=axial_mix", "sweep.diffusion_samples=[2]", cwd=tmp_path)
+    assert proc.returncode == 2
+    assert "sweep.diffusion_samples=[2]: this workload has no diffusion batch" in proc.stderr
+
+
+@pytest.mark.unit
+def test_the_readout_names_the_diffusion_batch_when_it_holds_the_peak():
+    row = dict(kind="max-fit", status="ok", peak_mem_gib=70.0, oom_at=288, N_tokens=256, N_atoms=2304,
+               MSA_depth=16, diffusion_samples=5,
+               topology="1d", cp=1, grid="1x1", config_hash="x", workload="fold", workflow="inference",
+               dtype="bfloat16", peak_holder="diffusion.transformer.attention.* 58%, (rest) 42%")  # fmt: skip
+    text = readout(pd.DataFrame([row]).reindex(columns=COLUMNS))
+    assert "that is the diffusion module, which runs its 5 sample(s) per trunk pass as one batch" in text
+    trunk = {**row, "peak_holder": "msa.blocks.*.tri_mul_out 61%, (the rest) 39%"}
+    assert "diffusion module" not in readout(pd.DataFrame([trunk]).reindex(columns=COLUMNS))
+
+
+def test_a_sweep_over_samples_records_each_count_and_reports_each_apart(tmp_path):
+    """cp=2 with its default cp=1 baseline: every row names its count, the two counts are two points
+    (and two like-for-like groups), the same at both CP sizes, and a rerun resumes both."""
+    out = tmp_path / "out"
+    args = ["workload=fold_small", *SIZES, *FAST, "baseline=true", "sweep.n_tokens=[16]",
+            "sweep.diffusion_samples=[1,4]", f"output_dir={out}"]  # fmt: skip
+    ok(cpbench(*args, cwd=tmp_path, timeout=300))
+    frame = results(out)
+    points = frame[frame["kind"] == "point"]
+    assert len(points) == 4 and set(points["status"]) == {"ok"}, frame.to_dict("records")
+    for cp in (1, 2):
+        mine = points[points["cp"] == cp].set_index("diffusion_samples")
+        assert sorted(mine.index) == [1, 4]
+        assert mine.loc[1, "checksum"] != mine.loc[4, "checksum"]
+    # The same structures at cp=1 and cp=2.
+    by_cp = points.set_index(["diffusion_samples", "cp"])["checksum"]
+    for samples in (1, 4):
+        assert by_cp[(samples, 2)] == pytest.approx(by_cp[(samples, 1)], rel=1e-5)
+    assert sorted(int(g["diffusion_samples"].iloc[0]) for _, g in like_for_like(points)) == [1, 4]
+    report = (out / "cp_benchmark.md").read_text()
+    assert (
+        "1 diffusion sample(s) per trunk pass" in report and "4 diffusion sample(s) per trunk pass" in report
+    )
+    again = ok(cpbench(*args, cwd=tmp_path, timeout=300))
+    assert len(results(out)) == len(frame), again.stderr
