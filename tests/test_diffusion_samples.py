@@ -102,8 +102,6 @@ def test_a_sweep_over_samples_records_each_count_and_reports_each_apart(tmp_path
         assert by_cp[(samples, 2)] == pytest.approx(by_cp[(samples, 1)], rel=1e-5)
     assert sorted(int(g["diffusion_samples"].iloc[0]) for _, g in like_for_like(points)) == [1, 4]
     report = (out / "cp_benchmark.md").read_text()
-    assert (
-        "1 diffusion sample(s) per trunk pass" in report and "4 diffusion sample(s) per trunk pass" in report
-    )
+    assert "float32, 1 diffusion sample(s), cap" in report and "float32, 4 diffusion sample(s), cap" in report
     again = ok(cpbench(*args, cwd=tmp_path, timeout=300))
     assert len(results(out)) == len(frame), again.stderr

@@ -48,7 +48,7 @@ def _first(group: pd.DataFrame, column: str) -> str:
 
 def experiment_label(group: pd.DataFrame) -> str:
     """What a group measured, e.g. `fold_small [sizes a90614e6], inference, float32, 2 diffusion
-    sample(s) per trunk pass, cap 0.5 GiB/rank`:
+    sample(s), cap 0.5 GiB/rank` (samples per trunk pass, where the workload has a diffusion batch):
     the model's own name follows a preset that does not start with it (`adapter (my.module)`)."""
     preset, workload, sizes = (_first(group, c) for c in ("preset", "workload", "sizes_hash"))
     name = preset or workload
@@ -57,7 +57,7 @@ def experiment_label(group: pd.DataFrame) -> str:
     cap = _first(group, "memory_budget")
     cap = {"": "", "none": "uncapped", "device memory": "cap: device memory"}.get(cap, f"cap {cap}/rank")
     samples = _first(group, "diffusion_samples")
-    samples = f"{int(float(samples))} diffusion sample(s) per trunk pass" if samples else ""
+    samples = f"{int(float(samples))} diffusion sample(s)" if samples else ""
     parts = [name, _first(group, "workflow"), _first(group, "dtype"), samples, cap]
     parts += [f"input {_first(group, 'input')}"] if _first(group, "input") else []
     return ", ".join(part for part in parts if part)

@@ -1,5 +1,5 @@
-"""A results row, declared once: the columns of results.csv in the order of the contract
-(docs/measurement.md), which of them are labels (read back as text, whatever they look like) and the
+"""A results row, declared once: the columns of results.csv (the contract's first, in its order: DESIGN.md,
+docs/measurement.md), which of them are labels (read back as text, whatever they look like) and the
 resume key of a point. A column is one field here: a measured one of `Measured`, which the measurement
 fills (cpbench/measure/point.py), any other one of `ResultRow`."""
 
@@ -83,9 +83,7 @@ class ResultRow:
     N_tokens: int
     N_atoms: int
     MSA_depth: int
-    diffusion_samples: int | None = None  # per trunk pass, for a workload with a diffusion batch (fold)
     dtype: str
-    measured: Measured = field(default_factory=Measured)  # its columns in its place
     kind: str  # point | max-fit
     # The workload's preset (the config-group choice, `workload=fold_small`; the `workload_preset`
     # setting overrides it) and a hash of its resolved settings, first after the contract's columns:
@@ -97,7 +95,9 @@ class ResultRow:
     input: str = ""
     chains: int | None = None
     input_msa_depth: int | None = None
+    diffusion_samples: int | None = None  # per trunk pass, for a workload with a diffusion batch (fold)
     oom_at: int | None = None  # max-fit rows: the first N that did not fit
+    measured: Measured = field(default_factory=Measured)  # its columns: the contract's first, the rest here
     # probe.predict: the fake-tensor estimate of peak_mem_gib (the baseline included, as the measure)
     predicted_peak_gib: float | None = None
     # max-fit rows of built-in workloads: who holds the peak at that N by the fake-tensor trace, the
@@ -132,10 +132,9 @@ class ResultRow:
         return point_key(self.kind, self.N_tokens, self.N_atoms, self.MSA_depth, self.diffusion_samples)
 
     def as_dict(self) -> dict[str, Any]:
-        row: dict[str, Any] = {}
-        for f in _FIELDS:
-            row.update(self.measured.columns() if f.name == "measured" else {f.name: getattr(self, f.name)})
-        return {**row, **self.extra}
+        row = {f.name: getattr(self, f.name) for f in _FIELDS if f.name != "measured"}
+        row |= self.measured.columns()
+        return {**{name: row[name] for name in COLUMNS}, **self.extra}
 
 
 @dataclass(frozen=True)
@@ -183,8 +182,13 @@ def shape_key(kind: str, shape: Shape) -> str:
 BASELINE = "baseline"  # the `source` of a cp=1 baseline row
 
 
+# The columns DESIGN.md's contract names, first and in its order; then every other column as declared.
+CONTRACT = [
+    "workload", "workflow", "topology", "cp", "grid", "N_tokens", "N_atoms", "MSA_depth", "dtype", "status",
+    "peak_mem_gib", "walltime_ms", "walltime_iqr_ms", "tokens_per_s", "comm_ms", "checksum", "kind",
+]  # fmt: skip
 _FIELDS = [f for f in dataclasses.fields(ResultRow) if f.name != "extra"]
 _ALL = [g for f in _FIELDS for g in (dataclasses.fields(Measured) if f.name == "measured" else [f])]
-COLUMNS: list[str] = [f.name for f in _ALL]
+COLUMNS: list[str] = CONTRACT + [f.name for f in _ALL if f.name not in CONTRACT]
 # Label columns: a config hash such as 6168e7108345 would otherwise parse as a float (inf).
 TEXT_COLUMNS: tuple[str, ...] = tuple(f.name for f in _ALL if f.type in ("str", "str | None"))
