@@ -13,6 +13,7 @@ from test_fold_cp import TINY
 from test_fold_workload import SIZES
 
 from cpbench.core import RankContext, Shape, Topology
+from cpbench.probe import predict
 from cpbench.report.analysis import like_for_like
 from cpbench.report.sections.readout import readout
 from cpbench.results.row import COLUMNS
@@ -47,6 +48,21 @@ def test_a_batch_of_samples_is_that_many_samples_from_one_trunk_pass():
         for s in (1, 2)
     ]
     assert losses[0] != losses[1] and all(loss > 0 for loss in losses)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("train", [False, True], ids=["inference", "training"])
+def test_the_fake_tensor_estimate_counts_the_samples(train: bool):
+    """The estimate traces the point's own batch: more samples, a larger peak (the denoiser's
+    activations), in inference and in training."""
+    workload = FoldWorkload(**TINY)
+
+    def peak(samples: int) -> float:
+        shape = Shape(32, 288, 4, samples)
+        return predict.estimate(workload, ONE_RANK, shape, train, torch.float32, 0, (0,)).peak_gib
+
+    one, eight = peak(1), peak(8)
+    assert eight > one, (one, eight)
 
 
 @pytest.mark.unit
