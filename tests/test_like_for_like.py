@@ -110,3 +110,6 @@ def test_cp2_against_cp1_lies_in_the_band_under_the_default_cap(tmp_path, worklo
     assert all(isinstance(h, str) and "%" in h for h in holders.values()), holders
     assert f"cp=1 1d at N={_max_n(frame, 1)}: {holders[1]}" in report
     assert f"cp=2 1d at N={_max_n(frame, 2)}: {holders[2]}" in report
+    # The probe steps fold_small's own diffusion batch (2 samples a trunk pass); axial_mix has none.
+    samples = set(edges["diffusion_samples"].dropna().astype(int))
+    assert samples == ({2} if workload == "fold_small" else set()), edges.to_dict("records")
