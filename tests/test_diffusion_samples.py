@@ -93,7 +93,8 @@ def test_the_readout_names_the_diffusion_batch_when_it_holds_the_peak():
                topology="1d", cp=1, grid="1x1", config_hash="x", workload="fold", workflow="inference",
                dtype="bfloat16", peak_holder="diffusion.transformer.attention.* 58%, (rest) 42%")  # fmt: skip
     text = readout(pd.DataFrame([row]).reindex(columns=COLUMNS))
-    assert "that is the diffusion module, which runs its 5 sample(s) per trunk pass as one batch" in text
+    assert "At cp=1 1d (diffusion.* holds 58% of the peak or more) that is the diffusion module" in text
+    assert "which runs its 5 sample(s) per trunk pass as one batch" in text
     trunk = {**row, "peak_holder": "msa.blocks.*.tri_mul_out 61%, (the rest) 39%"}
     assert "diffusion module" not in readout(pd.DataFrame([trunk]).reindex(columns=COLUMNS))
 

@@ -141,10 +141,10 @@ def test_no_sweep_points_is_the_probe_alone_with_its_baseline(tmp_path):
     assert sorted(fits["source"].fillna("").tolist()) == ["", "baseline"]
 
 
-def fold_training_changes() -> dict[str, dict]:
+def fold_training_changes(*overrides: str) -> dict[str, dict]:
     register()
     with initialize_config_module("cpbench.configs", version_base="1.3"):
-        cfg = compose("config", ["workload=fold", "workflow=training"])
+        cfg = compose("config", ["workload=fold", "workflow=training", *overrides])
     from hydra.utils import instantiate
 
     settings = OmegaConf.to_object(cfg)
@@ -161,7 +161,13 @@ def test_the_training_table_names_af3_training():
     assert rows["trunk passes (recycling)"]["real"] == "1 to 4, sampled per step"
     assert rows["crop size (N_tokens)"]["setting"] == "sweep.n_tokens"
     assert rows["crop size (N_tokens)"]["real"] == "[384, 640, 768]"
-    assert rows["diffusion batch per trunk pass"]["limitation"]
-    assert rows["diffusion batch per trunk pass"]["real"] == "48 noise samples"
+    # A setting since issue 54, no limitation: workload=fold denoises AF3's 48 copies, so no row.
+    assert "diffusion batch per trunk pass" not in rows
+    batch = fold_training_changes("workload.diffusion_samples.training=4")["diffusion batch per trunk pass"]
+    assert (batch["benchmark"], batch["real"], batch["setting"]) == (
+        "4",
+        "48",
+        "workload.diffusion_samples.training",
+    )
     assert rows["loss terms"]["limitation"] and "distogram" in rows["loss terms"]["real"]
     assert "diffusion sampling steps" not in rows and "diffusion samples per trunk" not in rows

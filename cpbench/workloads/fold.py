@@ -133,7 +133,10 @@ class FoldWorkload(PairformerWorkload):
         """This workload with its loops cut to the passes that set its peak, for a memory trace. In
         inference one recycling pass, one sampling step and one block of each stack (each frees what
         it made but its output, so every later one repeats the first's peak), except the MSA
-        module's first and last block (the last leaves out the MSA updates). Training keeps every
+        module's first and last block (the last leaves out the MSA updates) and the diffusion
+        module's first two atom blocks (its encoder and decoder hold the first block's input while
+        the blocks run: every block after the first repeats the second's peak, larger by that
+        input, which grows with the diffusion samples). Training keeps every
         block (each keeps its activations for the backward) and two recycling passes (one without
         autograd, then the one with it). tests/test_fold_chunked.py checks that the traced peak is
         the full trace's to the byte."""
@@ -141,7 +144,7 @@ class FoldWorkload(PairformerWorkload):
         form.loop = {**self.loop, "n_cycles": min(2, self.loop["n_cycles"])}
         if not train:
             form.loop |= {"n_cycles": 1, "sampling_steps": 1, "input_atom_blocks": 1}
-            form.sizes = replace(self.sizes, token_blocks=1, atom_blocks=1)
+            form.sizes = replace(self.sizes, token_blocks=1, atom_blocks=min(2, self.sizes.atom_blocks))
             # the first MSA block and the last (which leaves out the MSA updates)
             form.msa_knobs = {**self.msa_knobs, "n_blocks": min(2, self.msa_knobs["n_blocks"])}
         form.fold = form._fold_config(form.cfg)

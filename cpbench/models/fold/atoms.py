@@ -193,6 +193,9 @@ class AtomTransformer(nn.Module):
             a = front(windows.queries(q_ext)) + attention.output(part, g, c_q)
             a = a + transition(a, c_q)
             q = windows.mine(a.movedim(1, 2) if batched else a)
+            # What the block made but q, freed before the next block makes its own: each block then
+            # repeats the first's peak (the estimate traces one, `FoldWorkload.peak_form`).
+            del q_ext, x, query, g, k, v, bias, part, a
         return q
 
 

@@ -127,6 +127,7 @@ class TokenTransformer(nn.Module):
                 part = ops.attention_partial(q, k, v, bias, mask_bias)
                 del bias
                 a = a + attention.output(layout.merge_row_group(part), g, s_front).movedim(0, 1)
+                del x, q, g, k, v, part  # before the next block: each repeats the first's peak
             with op_label("diffusion.token_transition"):
                 a = a + transition(a, s)
         return a

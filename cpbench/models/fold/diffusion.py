@@ -224,6 +224,7 @@ class DiffusionModule(nn.Module):
                 x_denoised = self(x_noisy, level, trunk, mask, layout, atoms, atom_cond)
                 delta = (x_noisy - x_denoised) / t_hat
                 x = (x_noisy + STEP_SCALE * (c - t_hat) * delta) * real
+                del noise, x_noisy, level, x_denoised, delta  # each step then repeats the first's peak
         return x
 
     def denoising_loss(

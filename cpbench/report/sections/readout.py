@@ -64,13 +64,23 @@ def _holder_sentence(frame: pd.DataFrame) -> str:
     sentence = "The fake-tensor trace at each edge puts the peak in: " + "; ".join(parts) + "."
     batch = [r for r in edges.to_dict("records") if str(r["peak_holder"]).startswith("diffusion.")]
     if batch and (samples := samples_of(batch[0].get("diffusion_samples"))) is not None:
-        where = ", ".join(f"cp={r['cp']} {r['topology']}" for r in batch)
+        where = ", ".join(
+            f"cp={r['cp']} {r['topology']} ({_diffusion_share(r['peak_holder'])})" for r in batch
+        )
         sentence += (
             f" At {where} that is the diffusion module, which runs its {samples} sample(s) per trunk pass "
             "as one batch: its activations grow with the samples and the trunk's do not, so fewer samples "
             "per pass (or passes of fewer) would fit a larger N."
         )
     return sentence
+
+
+def _diffusion_share(holders: str) -> str:
+    """The diffusion module's share of a traced peak, from the holders a row names ("name 58%, ...";
+    the largest two: a lower bound)."""
+    shares = [part.rsplit(" ", 1) for part in holders.split(", ")]
+    share = sum(float(pct.rstrip("%")) for name, pct in shares if name.startswith("diffusion."))
+    return f"diffusion.* holds {share:.0f}% of the peak or more"
 
 
 def _comm_sentences(frame: pd.DataFrame) -> list[str]:
