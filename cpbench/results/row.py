@@ -18,7 +18,8 @@ if TYPE_CHECKING:
 
 @dataclass(kw_only=True)
 class Measured:
-    """What a point's steps measured: results.csv's measured columns, after the point's identity."""
+    """What a point's steps measured: results.csv's measured columns (those the contract names among
+    its first columns, in its order; the rest after the point's identity)."""
 
     status: str | None = None  # ok | oom | crashed | error | mismatch (mode=accuracy: differs from cp=1)
     peak_mem_gib: float | None = None  # max over ranks
