@@ -69,7 +69,7 @@ def test_training_drops_the_inference_only_settings():
     assert "diffusion sampling steps" not in rows and "diffusion samples per trunk pass" not in rows
     batch = rows["diffusion batch per trunk pass"]
     assert (batch["benchmark"], batch["real"], batch["setting"]) == (
-        "2",
+        "1",
         "48",
         "workload.diffusion_samples.training",
     )
