@@ -261,7 +261,11 @@ def torchrun(
 
 
 def results(output_dir: Path) -> pd.DataFrame:
-    return pd.read_csv(output_dir / "results.csv", keep_default_na=False, na_values=[""])
+    """results.csv as cpbench reads it back (`read_results`): a label column stays text, so that a hash
+    of digits alone (sizes_hash 55110350) is not read as a number."""
+    from cpbench.results.store import read_results
+
+    return read_results(output_dir / "results.csv")
 
 
 def ok(proc: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
