@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import time
 
+import torch.distributed as dist
+
 from cpbench.core import Shape
 from cpbench.measure.cap import cap_lifted
 from cpbench.measure.flops import Counted, count_over_ranks
@@ -48,8 +50,11 @@ class ModelRunner:
         return self._runner
 
     def step(self, shape: Shape, settings: PointSettings) -> PointResult:
-        """One point's or probe step's steps, agreed on every rank."""
+        """One point's or probe step's steps, agreed on every rank. No rank starts them before rank 0
+        has marked the point or N in flight: a rank that failed building the batch raced the mark,
+        and the point it failed at went unrecorded."""
         s = self.session
+        dist.barrier(group=s.control)
         try:
             result = measure_point(self.runner(), shape, s.ctx, s.control, settings)
         except OutOfMemoryAlone as err:
