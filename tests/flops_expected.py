@@ -12,7 +12,7 @@ from hydra.utils import instantiate
 
 from cpbench.core import Shape, Topology
 from cpbench.measure.flops import count_step
-from cpbench.probe.predict import _fake_rank
+from cpbench.probe.predict import fake_rank
 from cpbench.settings.schema import register
 
 
@@ -48,6 +48,6 @@ def count_in_process(workload: Any, shape: Shape, cp: int, train: bool = False) 
     topology = Topology.from_config("1d", cp, None)
     total = 0
     for rank in range(cp):
-        with _fake_rank(topology, rank, torch.float32, 0) as ctx:
+        with fake_rank(topology, rank, torch.float32, 0) as ctx:
             total += count_step(workload, workload.build_model(ctx), shape, ctx, train, seed=0).flops
     return total

@@ -10,7 +10,7 @@ from flops_expected import builtin
 
 from cpbench.core import Shape, Topology
 from cpbench.measure import flops
-from cpbench.probe.predict import _fake_rank
+from cpbench.probe.predict import fake_rank
 
 pytestmark = pytest.mark.unit  # in-process: the fast lane (pytest -m unit)
 
@@ -36,7 +36,7 @@ def test_the_extrapolated_count_is_the_whole_steps(
     assert min(n for group in loops for n in group.values()) > 2, loops  # every loop cut, none whole
     shape = Shape(16, 16 * 4, 4)
     for rank in ranks:
-        with _fake_rank(Topology.from_config("1d", 2, None), rank, torch.float32, 0) as ctx:
+        with fake_rank(Topology.from_config("1d", 2, None), rank, torch.float32, 0) as ctx:
             model = workload.build_model(ctx)
             whole = flops._count(workload, model, shape, ctx, train, seed=0)
             extrapolated = flops.counted_forms(workload, flops.corners(loops), shape, ctx, train, seed=0)
@@ -77,7 +77,7 @@ def test_a_step_whose_corners_walk_longer_is_counted_once_in_its_own_form():
     for train in (False, True):
         assert flops.forms_to_count(fold.flop_loops(train)) == flops.corners(fold.flop_loops(train))
     shape = Shape(32, 32 * 9, 4)
-    with _fake_rank(Topology.from_config("1d", 2, None), 1, torch.float32, 0) as ctx:
+    with fake_rank(Topology.from_config("1d", 2, None), 1, torch.float32, 0) as ctx:
         once = flops.count_step(small, small.build_model(ctx), shape, ctx, False, seed=0)
         at_corners = flops.counted_forms(small, flops.corners(loops), shape, ctx, False, seed=0)
     assert once.flops > 0 and (once.flops, once.by_op) == (at_corners.flops, at_corners.by_op)

@@ -16,6 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch.distributed.elastic.multiprocessing.api import SignalException
 
 from cpbench.app.baseline import attach_baseline, refusal
+from cpbench.app.forecast import calibrate, forecast
 from cpbench.app.interrupt import Interrupted, close_interrupted, in_flight, signals_end_the_run
 from cpbench.app.outcome import close_failed
 from cpbench.app.peak_holders import record_peak_holders
@@ -105,6 +106,8 @@ def _campaign(folder: RunFolder, checked: CheckedRun, changes: list[Change], bas
         print("cpbench: what differs from the real job (docs/budget.md):", file=sys.stderr)
         print("\n".join(what_changed_lines(changes)), file=sys.stderr)
     spec = RunSpec(settings=settings, output_dir=str(folder.root), what_changed=changes)
+    if settings.forecast.enabled:  # python -m cpbench.forecast: no rank starts
+        return forecast(folder, settings, checked.workload, changes)
     if settings.probe.predict or settings.probe.predict_only:
         lead = folder if launcher.leads else None
         spec.prediction = fake_tensor_estimate(settings, checked.workload, checked.topology, lead)
@@ -126,11 +129,20 @@ def _campaign(folder: RunFolder, checked: CheckedRun, changes: list[Change], bas
         if code == 0 and launcher.leads and launcher.starts_runs and settings.probe.enabled:
             record_peak_holders(folder, settings, checked.topology, checked.workload)
             write_report(folder.root)
+        if code == 0 and settings.forecast.calibrate:
+            code = calibrate(folder, settings, checked.workload) if launcher.starts_runs else _not_here()
         if code == 0 and launcher.starts_runs and settings.repeat_check:
             code = _repeat_check(spec, launcher)
         if code == 0 and launcher.starts_runs and settings.mode is Mode.accuracy:
             code = _accuracy_outcome(folder, config_hash(settings))
     return code
+
+
+def _not_here() -> int:
+    """A calibration times ops in the process that started the ranks: not under torchrun's."""
+    print("cpbench: error: python -m cpbench.calibrate starts its own ranks: run it without torchrun",
+          file=sys.stderr)  # fmt: skip
+    return 2
 
 
 def tell(notice: Notice) -> None:

@@ -80,7 +80,8 @@ def checked_run(cfg: DictConfig, in_sweep: bool = False) -> CheckedRun:
     settings = to_settings(cfg)
     topology = validate(settings)
     launcher = launcher_for(settings, in_sweep)
-    launcher.validate(topology, ranks_run=not settings.probe.predict_only)  # the estimate alone: no ranks
+    # The estimate or the forecast alone: no ranks.
+    launcher.validate(topology, ranks_run=not (settings.probe.predict_only or settings.forecast.enabled))
     check_runs_of_its_own(settings, launcher)
     _check_unused_overrides(settings)
     workload = _build_workload(settings)

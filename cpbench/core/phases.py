@@ -22,6 +22,9 @@ TRUNK = "trunk"  # one trunk pass (a recycling iteration: MSA module and Pairfor
 SAMPLING_STEP = "sampling_step"  # one denoising step of the diffusion sampler (training: its one step)
 # The phases with a column of their own in results.csv (ResultRow): a new phase adds one here and there.
 COLUMNS = {TRUNK: "trunk_ms", SAMPLING_STEP: "sampling_step_ms"}
+# The setting that counts each phase's passes: the real job's count over the benchmark's scales the
+# phase's time (the what-changed table, docs/budget.md).
+COUNTED_BY = {TRUNK: "workload.n_cycles", SAMPLING_STEP: "workload.sampling.steps"}
 
 
 class PhaseTimer:
@@ -32,7 +35,7 @@ class PhaseTimer:
     def __init__(self, device: torch.device):
         self.cuda = device.type == "cuda"
         self.spans: dict[str, list[tuple[Any, Any]]] = {}
-        self.open: set[str] = set()
+        self.open: list[str] = []  # the phases open now, the innermost last
 
     def _mark(self) -> Any:
         if self.cuda:
@@ -46,12 +49,12 @@ class PhaseTimer:
         if name in self.open:
             yield
             return
-        self.open.add(name)
+        self.open.append(name)
         start = self._mark()
         try:
             yield
         finally:
-            self.open.discard(name)
+            self.open.remove(name)
         self.spans.setdefault(name, []).append((start, self._mark()))  # a failed step is not read
 
     def per_pass(self) -> dict[str, float]:
@@ -76,6 +79,12 @@ def phase(name: str) -> AbstractContextManager[Any]:
     """Time the block as one pass of phase `name` while a step is timed; otherwise do nothing."""
     timer = _active
     return nullcontext() if timer is None else timer.span(name)
+
+
+def innermost() -> str | None:
+    """The innermost phase open now, while phases are timed: a count of the step's work
+    (measure/flops.py) files each op under it."""
+    return _active.open[-1] if _active is not None and _active.open else None
 
 
 @contextmanager

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 import time
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -38,6 +38,9 @@ class CommLedger:
     issued: int = 0  # collectives issued by this process, never reset: peers compare it after a failure
     # GPU collectives not yet read: (label, start event, end event)
     pending: list[tuple[str, torch.cuda.Event, torch.cuda.Event]] = field(default_factory=list)
+    # Told of each collective, with its bytes sent and the global ranks it spans (sorted), while set:
+    # the work count of the time model (measure/flops.py) prices each by the links it crosses.
+    observer: Callable[[int, tuple[int, ...]], None] | None = None
 
     def reset(self) -> None:
         self.bytes_sent.clear()
@@ -119,8 +122,9 @@ def op_label(name: str) -> Iterator[None]:
                 CLOCK.nested[-1] += elapsed
 
 
-def _account(label: str, nbytes: float, run, device: torch.device) -> None:
-    """On a GPU, CUDA events around the collective on the current stream, read once the step is over:
+def _account(label: str, nbytes: float, run, device: torch.device, peers) -> None:
+    """`peers`: the group the collective runs on, or the global ranks it joins (point to point).
+    On a GPU, CUDA events around the collective on the current stream, read once the step is over:
     no synchronisation inside the step, so compute and communication overlap as in a real run. On CPU
     (gloo) the collective returns when it is done: the wall clock."""
     if device.type == "cuda":
@@ -136,6 +140,9 @@ def _account(label: str, nbytes: float, run, device: torch.device) -> None:
     LEDGER.bytes_sent[label] += int(nbytes)
     LEDGER.calls[label] += 1
     LEDGER.issued += 1
+    if LEDGER.observer is not None:
+        ranks = peers if isinstance(peers, tuple) else dist.get_process_group_ranks(peers)
+        LEDGER.observer(int(nbytes), tuple(sorted(set(ranks))))
 
 
 def _size(group: dist.ProcessGroup | None) -> int:
@@ -149,7 +156,9 @@ def _nbytes(t: torch.Tensor) -> int:
 def _all_reduce(x: torch.Tensor, group, label: str) -> torch.Tensor:
     p = _size(group)
     out = x.contiguous().clone()
-    _account(label, 2 * (p - 1) / p * _nbytes(out), lambda: dist.all_reduce(out, group=group), out.device)
+    _account(
+        label, 2 * (p - 1) / p * _nbytes(out), lambda: dist.all_reduce(out, group=group), out.device, group
+    )
     return out
 
 
@@ -158,7 +167,7 @@ def _all_gather(x: torch.Tensor, group, label: str) -> torch.Tensor:
     p = _size(group)
     x = x.contiguous()
     out = x.new_empty((p * x.shape[0], *x.shape[1:]))
-    _account(label, (p - 1) * _nbytes(x), lambda: all_gather_single(out, x, group=group), x.device)
+    _account(label, (p - 1) * _nbytes(x), lambda: all_gather_single(out, x, group=group), x.device, group)
     return out
 
 
@@ -167,7 +176,9 @@ def _reduce_scatter(x: torch.Tensor, group, label: str) -> torch.Tensor:
     p = _size(group)
     x = x.contiguous()
     out = x.new_empty((x.shape[0] // p, *x.shape[1:]))
-    _account(label, (p - 1) / p * _nbytes(x), lambda: reduce_scatter_single(out, x, group=group), x.device)
+    _account(
+        label, (p - 1) / p * _nbytes(x), lambda: reduce_scatter_single(out, x, group=group), x.device, group
+    )
     return out
 
 
@@ -176,7 +187,9 @@ def _all_to_all(x: torch.Tensor, group, label: str) -> torch.Tensor:
     p = _size(group)
     x = x.contiguous()
     out = torch.empty_like(x)
-    _account(label, (p - 1) / p * _nbytes(x), lambda: dist.all_to_all_single(out, x, group=group), x.device)
+    _account(
+        label, (p - 1) / p * _nbytes(x), lambda: dist.all_to_all_single(out, x, group=group), x.device, group
+    )
     return out
 
 
@@ -267,12 +280,12 @@ def all_to_all(
 def _broadcast(buf: torch.Tensor, src: int, group, label: str) -> None:
     p = _size(group)
     nbytes = (p - 1) * _nbytes(buf) if dist.get_rank() == src else 0
-    _account(label, nbytes, lambda: dist.broadcast(buf, src=src, group=group), buf.device)
+    _account(label, nbytes, lambda: dist.broadcast(buf, src=src, group=group), buf.device, group)
 
 
 def _reduce(buf: torch.Tensor, dst: int, group, label: str) -> None:
     nbytes = 0 if dist.get_rank() == dst else _nbytes(buf)
-    _account(label, nbytes, lambda: dist.reduce(buf, dst=dst, group=group), buf.device)
+    _account(label, nbytes, lambda: dist.reduce(buf, dst=dst, group=group), buf.device, group)
 
 
 class _Broadcast(torch.autograd.Function):
@@ -314,7 +327,7 @@ def _send_recv(x: torch.Tensor, dst: int, src: int, label: str) -> torch.Tensor:
         for request in dist.batch_isend_irecv(ops):
             request.wait()
 
-    _account(label, _nbytes(x), run, x.device)
+    _account(label, _nbytes(x), run, x.device, (dist.get_rank(), dst))  # what it sends goes to dst
     return out
 
 
@@ -341,7 +354,9 @@ def _all_to_all_v(flat: torch.Tensor, send: list[int], recv: list[int], group, l
     out = flat.new_empty(sum(recv))
     me = dist.get_rank(group)
     nbytes = (sum(send) - send[me]) * flat.element_size()
-    _account(label, nbytes, lambda: dist.all_to_all_single(out, flat, recv, send, group=group), flat.device)
+    _account(
+        label, nbytes, lambda: dist.all_to_all_single(out, flat, recv, send, group=group), flat.device, group
+    )
     return out
 
 
@@ -380,5 +395,5 @@ def all_reduce_max(x: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Te
         return out
     p = _size(group)
     _account(LEDGER.label, 2 * (p - 1) / p * _nbytes(out),
-             lambda: dist.all_reduce(out, op=dist.ReduceOp.MAX, group=group), out.device)  # fmt: skip
+             lambda: dist.all_reduce(out, op=dist.ReduceOp.MAX, group=group), out.device, group)  # fmt: skip
     return out

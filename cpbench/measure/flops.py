@@ -12,7 +12,7 @@ Each rank counts its own share: a DTensor op is left to DTensor, whose local ops
 the local shapes, and DTensor's own shape propagation (the op run again at the global shape) is kept
 out; counted at the global shape, every rank would count the whole model.
 Collectives are skipped: the `c10d` ops return a completed work at once (the functional collectives
-have fake kernels of their own), so a rank's count needs no peer and moves no byte.
+have fake runs of their own), so a rank's count needs no peer and moves no byte.
 """
 
 from __future__ import annotations
@@ -28,11 +28,15 @@ import torch
 import torch.distributed as dist
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import FlopCounterMode, flop_registry
 
 from cpbench.core import RankContext, Shape
+from cpbench.core.phases import innermost, timing
+from cpbench.distributed.comm import LEDGER
 from cpbench.distributed.dtensor import is_dtensor_type
 from cpbench.measure.point import PointResult
+from cpbench.measure.tally import REST, StepTally, Tally, add_into
 from cpbench.runtime.compile_cache import import_dynamo
 from cpbench.runtime.seed import seed_all
 from cpbench.runtime.startup import loaded
@@ -43,14 +47,51 @@ from cpbench.workloads.base import Contract, Workload, traits
 _SEEN_THROUGH = frozenset({"aten", "prims", "prim", "c10d", "_c10d_functional", "profiler", "higher_order"})
 
 
+# Ops that return a tensor over their input's storage without a view's schema: no bytes move.
+_ZERO_COPY = frozenset({"_unsafe_view", "_reshape_alias", "lift_fresh"})
+
+
+def _bytes(t: torch.Tensor) -> int:
+    """What an op reads or writes of a tensor: its elements, at most its storage (a broadcast
+    input, expanded to the output's shape, is read once)."""
+    return min(t.numel() * t.element_size(), t.untyped_storage().nbytes())
+
+
+def op_work(func: Any, args: tuple, kwargs: dict, out: Any) -> tuple[str, int, int] | None:
+    """An aten op's work as the time model prices it: (its name, FLOPs, bytes), FLOPs for an op with
+    a FLOP formula (its bytes 0), else the bytes it reads and writes, none for a view, a zero-copy
+    op or an allocation (each run still costs its dispatch); None outside aten. The same on fake
+    tensors (the count) and real ones (cpbench/steptime/op_timer.py, which times each op)."""
+    packet = func.overloadpacket
+    if packet in flop_registry:
+        return str(packet), int(flop_registry[packet](*args, **kwargs, out_val=out)), 0
+    if func.namespace != "aten":
+        return None
+    if func.is_view or packet.__name__ in _ZERO_COPY or packet.__name__.startswith(("empty", "new_empty")):
+        return str(packet), 0, 0
+    leaves = (*tree_leaves((args, kwargs)), *tree_leaves(out))
+    return str(packet), 0, sum(_bytes(t) for t in leaves if isinstance(t, torch.Tensor))
+
+
 class _LocalShares(TorchDispatchMode):
     """Defers a DTensor op to DTensor, so that the counter sees the local ops it runs; names the ops
-    from outside aten that the counter cannot count; adds up the FLOPs of recomputed forward ops."""
+    from outside aten that the counter cannot count; adds up the FLOPs of recomputed forward ops;
+    tallies the step's work for the time model (measure/tally.py), by phase and op label."""
 
     def __init__(self) -> None:
         super().__init__()
         self.uncounted: Counter[str] = Counter()
         self.recomputed = 0
+        self.tally: StepTally = {}
+
+    def here(self) -> Tally:
+        """The tally of the phase and the CP op label running now."""
+        return self.tally.setdefault((innermost() or REST, LEDGER.label), Tally())
+
+    def sent(self, nbytes: int, span: tuple[int, ...]) -> None:
+        tally = self.here()
+        tally.calls[span] += 1
+        tally.sent[span] += nbytes
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
         if any(is_dtensor_type(t) for t in types):
@@ -59,21 +100,31 @@ class _LocalShares(TorchDispatchMode):
             self.uncounted[str(func.overloadpacket)] += 1
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
-        # The backward runs its own ops with grad disabled; a checkpoint recomputes with it enabled.
-        recomputing = torch.is_grad_enabled() and torch._C._current_autograd_node() is not None
-        if recomputing and func.overloadpacket in flop_registry:
-            self.recomputed += int(flop_registry[func.overloadpacket](*args, **kwargs, out_val=out))
+        work = op_work(func, args, kwargs, out)
+        if work is not None:
+            op, flops, nbytes = work
+            tally = self.here()
+            tally.runs[op] += 1
+            if flops:
+                tally.flops[op] += flops
+            else:
+                tally.bytes[op] += nbytes
+            # The backward runs its own ops with grad disabled; a checkpoint recomputes with it enabled.
+            if flops and torch.is_grad_enabled() and torch._C._current_autograd_node() is not None:
+                self.recomputed += flops
         return out
 
 
 @dataclass(frozen=True)
 class StepFlops:
-    """One rank's counted FLOPs of one step, by aten op, and the ops it could not count."""
+    """One rank's counted FLOPs of one step, by aten op, and the ops it could not count; with the
+    step's work as the time model prices it (`tally`)."""
 
     flops: int
     by_op: dict[str, int] = field(default_factory=dict)
     uncounted: tuple[str, ...] = ()
     recomputed: int = 0  # of `flops`, those of forward ops recomputed in the backward (checkpointing)
+    tally: StepTally = field(default_factory=dict)
 
 
 @contextmanager
@@ -122,6 +173,8 @@ class FlopCount:
         # The last sees an op first: a DTensor op goes to DTensor before another mode of ours sees it.
         for mode in (fake, self._counter, SkipCollectives(), self._local):
             self._modes.enter_context(mode)
+        self._modes.enter_context(timing(torch.device("cpu")))  # the phases open, for the tally
+        self._modes.enter_context(_observed(self._local.sent))
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -132,7 +185,19 @@ class FlopCount:
         for op, flops in self._counter.get_flop_counts().get("Global", {}).items():
             by_op[str(op)] += int(flops)
         uncounted = tuple(sorted(self._local.uncounted))
-        return StepFlops(sum(by_op.values()), dict(by_op), uncounted, self._local.recomputed)
+        return StepFlops(
+            sum(by_op.values()), dict(by_op), uncounted, self._local.recomputed, self._local.tally
+        )
+
+
+@contextmanager
+def _observed(observer: Callable[[int, tuple[int, ...]], None]) -> Iterator[None]:
+    """The ledger tells `observer` of each collective while the count runs."""
+    outer, LEDGER.observer = LEDGER.observer, observer
+    try:
+        yield
+    finally:
+        LEDGER.observer = outer
 
 
 _loaded = False
@@ -201,14 +266,16 @@ def counted_forms(workload: Workload, forms: list[tuple[dict[str, int], int]], s
     by_op: Counter[str] = Counter()
     uncounted: set[str] = set()
     recomputed = 0
+    tally: StepTally = {}
     for passes, weight in forms:
         form = workload.flop_form(passes)
         counted = _count(form, form.build_model(ctx), shape, ctx, train, seed)
         by_op.update({op: weight * flops for op, flops in counted.by_op.items()})
         uncounted |= set(counted.uncounted)
         recomputed += weight * counted.recomputed
+        add_into(tally, counted.tally, weight)
     by_op = Counter({op: f for op, f in by_op.items() if f})
-    return StepFlops(sum(by_op.values()), dict(by_op), tuple(sorted(uncounted)), recomputed)
+    return StepFlops(sum(by_op.values()), dict(by_op), tuple(sorted(uncounted)), recomputed, tally)
 
 
 def count_step(workload: Workload, model: torch.nn.Module, shape: Shape, ctx: RankContext, train: bool,

@@ -202,7 +202,7 @@ class LiveBytes(TorchDispatchMode):
 
 
 @contextmanager
-def _fake_rank(topology: Topology, rank: int, dtype: torch.dtype, seed: int) -> Iterator[RankContext]:
+def fake_rank(topology: Topology, rank: int, dtype: torch.dtype, seed: int) -> Iterator[RankContext]:
     """Rank `rank` of a fake process group (collectives return at once), with the run's mesh."""
     if dist.is_initialized():
         raise RuntimeError("probe.predict: a process group is already running in this process")
@@ -234,7 +234,7 @@ class TracedForm:
         form = cut(train) if cut is not None else workload
         if form is workload:
             return TracedForm(workload)
-        with _fake_rank(topology, 0, dtype, seed) as ctx:  # both models on the meta device, to count them
+        with fake_rank(topology, 0, dtype, seed) as ctx:  # both models on the meta device, to count them
             meta = replace(ctx, device=torch.device("meta"))
             (full_bytes, full_params), (form_bytes, form_params) = (_sizes(w, meta) for w in (workload, form))
         return TracedForm(form, full_bytes - form_bytes, full_params - form_params)
@@ -269,7 +269,7 @@ def _trace(workload: Workload, topology: Topology, shape: Shape, train: bool, dt
            seed: int, rank: int, gloo: bool, form: TracedForm | None) -> dict[str, int]:  # fmt: skip
     form = form or TracedForm.of(workload, topology, train, dtype, seed)
     cut_bytes, cut_params, workload = form.cut_bytes, form.cut_params, form.workload
-    with _fake_rank(topology, rank, dtype, seed) as ctx:
+    with fake_rank(topology, rank, dtype, seed) as ctx:
         seed_all(seed)
         model = workload.build_model(ctx)
         params = [p for p in model.parameters() if p.requires_grad]

@@ -35,6 +35,8 @@ class RunFolder:
     PROBE_STATE = "probe_state.json"  # every N the probe tried, and the N in flight
     PROBE_CSV = "probe.csv"
     PREDICTION = "prediction.json"  # probe.predict: the fake-tensor estimate at each traced N
+    CALIBRATION = "calibration.yaml"  # python -m cpbench.calibrate: the machine's figures (docs/predict.md)
+    FORECAST = "forecast.md"  # python -m cpbench.forecast: the predicted times and the planning table
     RUN = "run.json"  # the run's metadata
     FAILURE = "failure.json"  # how a run that did not finish ended
     REPORT = "cp_benchmark.md"
@@ -87,6 +89,14 @@ class RunFolder:
     @property
     def prediction(self) -> Path:
         return self.root / self.PREDICTION
+
+    @property
+    def calibration(self) -> Path:
+        return self.root / self.CALIBRATION
+
+    @property
+    def forecast(self) -> Path:
+        return self.root / self.FORECAST
 
     @property
     def run_json(self) -> Path:

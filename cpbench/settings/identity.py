@@ -48,6 +48,7 @@ PART_OF: dict[str, tuple[str, ...]] = {
     "slurm": (),
     "optim": (ROWS, BASELINE, CURVE),
     "convergence": (ROWS, BASELINE),
+    "forecast": (),  # predicts from the rows, measures nothing
     "checkpoint": (BASELINE,),
     "log": (),
     "experiment": (BASELINE,),

@@ -134,6 +134,27 @@ class BudgetConfig:
 
 
 @dataclass
+class ForecastConfig:
+    """The time model (docs/predict.md): `python -m cpbench.calibrate` fits a machine's figures to its
+    own points, `python -m cpbench.forecast` predicts step and job times from them."""
+
+    # The machine's figures: a file `python -m cpbench.calibrate` wrote, or a datasheet preset of
+    # configs/hardware/ (h100_sxm, h200_sxm).
+    hardware: str | None = None
+    n_tokens: list[int] | None = None  # the N to predict at; null: sweep.n_tokens
+    cp: list[int] | None = None  # the CP sizes to predict at, of topology.kind; null: topology.cp
+    ranks_per_node: int | None = None  # null: the machine's devices per node
+    # The planning table's target N: for each, the smallest CP size that fits (the memory estimate)
+    # in 1d and in 2d, up to plan_max_cp, with its predicted step; empty: no table.
+    plan_n_tokens: list[int] = field(default_factory=list)
+    plan_max_cp: int = 64
+    against: str | None = None  # a run folder: each measured row beside its prediction, and the error
+    # Set by the entry points: the forecast alone (no rank starts), or a run then its calibration.
+    enabled: bool = False
+    calibrate: bool = False
+
+
+@dataclass
 class ConvergenceConfig:
     """workflow=convergence: `steps` training steps at `shape.*`, a new batch per step from (seed, step)."""
 
@@ -272,6 +293,7 @@ class BenchConfig:
     slurm: SlurmConfig = field(default_factory=SlurmConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     convergence: ConvergenceConfig = field(default_factory=ConvergenceConfig)
+    forecast: ForecastConfig = field(default_factory=ForecastConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     log: LogConfig = field(default_factory=LogConfig)
     # A plan of knob experiments (configs/experiment/, docs/experiments.md); null: one plain run.

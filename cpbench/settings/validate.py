@@ -46,6 +46,19 @@ def _positive(name: str, value, allow_null: bool = False) -> None:
         raise ConfigError(f"{name}={value}: must be > 0")
 
 
+def _check_forecast(settings: BenchConfig) -> None:
+    """The time model's settings (docs/predict.md): sizes that are sizes, and a calibration run
+    where its ranks start from this process."""
+    f = settings.forecast
+    for key in ("n_tokens", "cp", "plan_n_tokens"):
+        for value in getattr(f, key) or []:
+            _positive(f"forecast.{key}", value)
+    _positive("forecast.ranks_per_node", f.ranks_per_node, allow_null=True)
+    _positive("forecast.plan_max_cp", f.plan_max_cp)
+    if f.calibrate and settings.slurm.enabled:
+        raise ConfigError("python -m cpbench.calibrate times ops in this process: slurm.enabled=false")
+
+
 def _check_alloc_conf(conf: str | None) -> None:
     """The form PYTORCH_CUDA_ALLOC_CONF takes, `option:value[,option:value...]`: a rank would otherwise
     fail only when CUDA starts, or run with the setting silently ignored."""
@@ -65,6 +78,7 @@ def validate(settings: BenchConfig) -> Topology:
         _positive(f"shape.{key}", getattr(shape, key))
     _positive("shape.n_atoms", shape.n_atoms, allow_null=True)
     _positive("dist.cpu_threads", settings.dist.cpu_threads, allow_null=True)
+    _check_forecast(settings)
     if workload_samples(settings) is None and any(v is not None for v in sweep.diffusion_samples):
         raise ConfigError(
             f"sweep.diffusion_samples={list(sweep.diffusion_samples)}: this workload has no diffusion "

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from cpbench.core.phases import COLUMNS, COUNTED_BY, SAMPLING_STEP, TRUNK
 from cpbench.record.run_record import Change
 from cpbench.report.analysis import ok_points
 from cpbench.report.cells import table
@@ -34,8 +35,8 @@ class _Loop:
 
 
 _LOOPS = (
-    _Loop("trunk_ms", "trunk passes", "n_cycles", "workload.n_cycles"),
-    _Loop("sampling_step_ms", "sampling steps", "sampling_steps", "workload.sampling.steps"),
+    _Loop(COLUMNS[TRUNK], "trunk passes", "n_cycles", COUNTED_BY[TRUNK]),
+    _Loop(COLUMNS[SAMPLING_STEP], "sampling steps", "sampling_steps", COUNTED_BY[SAMPLING_STEP]),
 )
 
 

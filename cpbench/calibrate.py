@@ -1,0 +1,16 @@
+"""`python -m cpbench.calibrate`: a run at small N (cp=2 and its cp=1 baseline by default), then the
+time model's figures for this machine fitted to it, in output_dir/calibration.yaml (docs/predict.md).
+The run's own overrides come after these defaults and win."""
+
+from __future__ import annotations
+
+import sys
+
+from cpbench.__main__ import main
+
+DEFAULTS = ["sweep.n_tokens=[32,64,96,128]", "probe.enabled=false"]
+
+if __name__ == "__main__":
+    sys.argv[1:1] = DEFAULTS
+    sys.argv.append("forecast.calibrate=true")
+    main()

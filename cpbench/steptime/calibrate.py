@@ -1,0 +1,98 @@
+"""The time model's figures fitted to a machine's own measurements: each aten op's fixed cost and
+rate from its timed runs inside real steps at a few N (`op_timer.py`), and the link's alpha-beta
+from the collectives a CP run measured per op (comm_ops.csv). Each fit is a non-negative least
+squares of two figures over the points, one op at a time: what the op timer separates, the fit
+never has to."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from cpbench.measure.tally import MEMORY, op_class
+from cpbench.steptime.model import INTRA, Hardware, Link, OpCost
+from cpbench.steptime.op_timer import OpTimes
+
+
+def nonnegative_lstsq(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """min |a x - b| with x >= 0, exactly: the best unconstrained fit over each subset of free
+    columns whose solution is non-negative (a handful of columns: 2^k small solves)."""
+    best, best_residual = np.zeros(a.shape[1]), float(np.sum(b**2))
+    for k in range(1, a.shape[1] + 1):
+        for free in itertools.combinations(range(a.shape[1]), k):
+            x, *_ = np.linalg.lstsq(a[:, free], b, rcond=None)
+            if np.all(x >= 0):
+                residual = float(np.sum((a[:, free] @ x - b) ** 2))
+                if residual < best_residual:
+                    best, best_residual = np.zeros(a.shape[1]), residual
+                    best[list(free)] = x
+    return best
+
+
+def fit_cost(runs: Sequence[float], work: Sequence[float], seconds: Sequence[float]) -> OpCost:
+    """seconds = runs x kernel_s + work / per_s over the points, least squares in seconds: a step's
+    time is the sum of its ops' seconds, which the largest N calibrated holds, the N nearest to those
+    predicted (an op's rate still grows with its size there: on relative error, the small N's
+    rates pulled every prediction at N=256-384 up by 5-15 %). A rate the points cannot tell from
+    free is infinite."""
+    a = np.array([runs, work], dtype=float).T
+    y = np.array(seconds, dtype=float)
+    scale = np.where(a.max(axis=0) > 0, a.max(axis=0), 1.0)
+    kernel, per_unit = nonnegative_lstsq(a / scale, y) / scale
+    return OpCost(float(kernel), float(1 / per_unit) if per_unit > 0 else float("inf"))
+
+
+def fit_ops(points: Sequence[OpTimes]) -> tuple[dict[str, OpCost], dict[str, OpCost]]:
+    """Each op's cost over the points that ran it, and each class's over its ops' sums (for an op
+    no point ran)."""
+    ops = sorted({op for p in points for op in p.runs})
+    flop_ops = set().union(*(p.flop_ops for p in points))
+    kind = {op: op_class(op) if op in flop_ops else MEMORY for op in ops}
+    costs = {}
+    for op in ops:
+        seen = [p for p in points if p.seconds[op] > 0]
+        costs[op] = fit_cost(
+            [p.runs[op] for p in seen], [p.work[op] for p in seen], [p.seconds[op] for p in seen]
+        )
+    classes = {}
+    for c in sorted(set(kind.values())):
+        members = [op for op in ops if kind[op] == c]
+        totals = [
+            [sum(getattr(p, f)[op] for op in members) for p in points] for f in ("runs", "work", "seconds")
+        ]
+        classes[c] = fit_cost(*totals)
+    return costs, classes
+
+
+@dataclass(frozen=True)
+class CommPoint:
+    """One op label's collectives in one measured point: calls and bytes sent per step, and their seconds."""
+
+    calls: float
+    sent: float
+    seconds: float
+
+
+def fit_link(points: Sequence[CommPoint]) -> Link:
+    """A link's alpha (seconds a call) and bandwidth from ops' measured collective seconds, on
+    absolute error: the step's comm time is their sum, which the large ops hold."""
+    a = np.array([[p.calls, p.sent] for p in points], dtype=float)
+    y = np.array([p.seconds for p in points])
+    scale = np.where(a.max(axis=0) > 0, a.max(axis=0), 1.0)
+    alpha, per_byte = nonnegative_lstsq(a / scale, y) / scale
+    return Link(float(alpha), float(1 / per_byte) if per_byte > 0 else float("inf"))
+
+
+def calibrated(name: str, timed: Sequence[OpTimes], comm: Sequence[CommPoint], devices_per_node: int,
+               dtype: str, memory_gib: float | None, source: str) -> Hardware:  # fmt: skip
+    """The machine's figures from its timed ops and its measured collectives (none: no link)."""
+    ops, classes = fit_ops(timed)
+    links = {INTRA: fit_link(comm)} if comm else {}
+    rates = {c: cost.per_s for c, cost in classes.items()}
+    kernel = classes[MEMORY].kernel_s if MEMORY in classes else 0.0
+    figures = ["ops", "rates", "kernel_s", *(f"links.{link}" for link in links)]
+    return Hardware(name, rates, kernel, links, devices_per_node, dtype, memory_gib, ops,
+                    dict.fromkeys(figures, source))  # fmt: skip

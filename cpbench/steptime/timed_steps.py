@@ -1,0 +1,64 @@
+"""Real steps of a run's workload with every op timed (`op_timer.py`), on one rank in this process:
+a rank of the run as the benchmark measured it, its threads, memory cap and chunks the run's, so
+that each op costs here what it cost there."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+
+from cpbench.core import Shape, Topology
+from cpbench.measure.cap import cap_gib, cap_rank, lift_cap
+from cpbench.measure.memory import release
+from cpbench.measure.step import StepRunner
+from cpbench.models.pairformer import chunking
+from cpbench.runtime.rank import device_type, pick_backend, rank_runtime, threads_per_rank
+from cpbench.runtime.seed import seed_all
+from cpbench.settings.schema import BenchConfig, Workflow
+from cpbench.steptime.op_timer import OpTimer, OpTimes
+from cpbench.workloads.base import Workload
+
+WARMUP, TIMED = 1, 2  # steps at each shape: the first pays one-off costs; the timed ones are summed
+
+
+def time_ops(settings: BenchConfig, workload: Workload, shapes: Sequence[Shape],
+             progress: Callable[[str], None] = lambda line: None) -> list[OpTimes]:  # fmt: skip
+    """Each shape's ops timed over `TIMED` steps after `WARMUP` (seconds, FLOPs and bytes per step).
+    The rank takes the threads a rank of the run took (a cp=1 baseline takes its CP run's)."""
+    backend = pick_backend(settings.dist.backend)
+    threads = threads_per_rank(settings.dist.cpu_threads, settings.topology.cp)
+    dtype = getattr(torch, settings.dtype.value)
+    one = Topology.from_config("1d", 1, None)
+    timed = []
+    with rank_runtime(one, backend, settings.dist.timeout_s, dtype, settings.seed, threads) as ctx:
+        cap_rank(settings.memory, ctx.device)  # the run's allocator settings: fresh pages cost what they did
+        try:
+            with chunking.sized_for(cap_gib(settings.memory, device_type(backend))):
+                for shape in shapes:
+                    progress(f"timing each op of N={shape.n_tokens}")
+                    timed.append(_time_shape(settings, workload, shape, ctx))
+        finally:
+            lift_cap(ctx.device)
+    return timed
+
+
+def _time_shape(settings: BenchConfig, workload: Workload, shape: Shape, ctx) -> OpTimes:  # noqa: ANN001
+    seed_all(settings.seed)
+    model = workload.build_model(ctx)
+    train = settings.workflow is Workflow.training
+    runner = StepRunner(workload, model, train, ctx, settings.optim.lr, settings.optim.weight_decay)
+    batch = workload.build_batch(shape, ctx)
+    for _ in range(WARMUP):
+        runner(batch)
+    timer = OpTimer(ctx.device)
+    with timer:
+        for _ in range(TIMED):
+            runner(batch)
+    times = timer.times
+    for counter in (times.runs, times.work, times.seconds):
+        for op in counter:
+            counter[op] /= TIMED
+    batch = model = runner = None
+    release(ctx.device)
+    return times

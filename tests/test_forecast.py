@@ -1,0 +1,247 @@
+"""The time model (docs/predict.md): its arithmetic on a hand-computed step, the calibration's fits,
+the fake-tensor count against the op timer on real tensors, the fold model's work filed by phase and
+matching its FLOP count, the datasheet presets, and `python -m cpbench.calibrate` then
+`python -m cpbench.forecast` through their entry points."""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections import Counter
+
+import numpy as np
+import pytest
+import torch
+import yaml
+from conftest import BASE, TIMING, ok, refused, run_cmd
+from flops_expected import builtin
+
+from cpbench.core import ConfigError, Shape, Topology
+from cpbench.core.phases import SAMPLING_STEP, TRUNK
+from cpbench.measure.flops import FlopCount, count_step
+from cpbench.measure.tally import REST, Tally, merged
+from cpbench.probe.predict import fake_rank
+from cpbench.steptime.calibrate import CommPoint, fit_link, fit_ops, nonnegative_lstsq
+from cpbench.steptime.hardware import load_hardware
+from cpbench.steptime.model import INTER, INTRA, Hardware, Link, OpCost, rank_seconds, step_seconds
+from cpbench.steptime.op_timer import OpTimer, OpTimes
+from cpbench.steptime.plan import phase_scales, topologies
+
+HAND = Hardware(
+    "by hand",
+    rates={"matmul": 1e12, "memory": 1e11},
+    kernel_s=1e-6,
+    links={
+        INTRA: Link(alpha_s=1e-5, bytes_per_s=1e10, hop_s=2e-6),
+        INTER: Link(alpha_s=2e-5, bytes_per_s=1e9, hop_s=5e-6),
+    },
+    devices_per_node=2,
+    dtype="float32",
+    ops={"aten.bmm": OpCost(kernel_s=3e-6, per_s=5e11)},
+)
+
+
+def _trunk() -> Tally:
+    return Tally(
+        runs=Counter({"aten.mm": 10, "aten.bmm": 4, "aten.add": 20}),
+        flops=Counter({"aten.mm": 2 * 10**12, "aten.bmm": 10**12}),
+        bytes=Counter({"aten.add": 5 * 10**10}),
+        calls=Counter({(0, 1): 3, (0, 2): 1}),
+        sent=Counter({(0, 1): 3 * 10**9, (0, 2): 10**9}),
+    )
+
+
+@pytest.mark.unit
+def test_the_model_prices_a_hand_computed_step():
+    """Ranks 0, 1 on node 0 and 2 on node 1 (2 ranks a node). By hand:
+    mm (matmul's class rate and kernel cost): 10 x 1 us + 2e12 / 1e12 = 2.00001 s
+    bmm (its own calibrated cost):            4 x 3 us + 1e12 / 5e11 = 2.000012 s
+    add (memory's class rate):               20 x 1 us + 5e10 / 1e11 = 0.50002 s
+    a collective over ranks 0, 1 (intra):    3 x (10 us + 1 x 2 us) + 3e9 / 1e10 = 0.300036 s
+    a collective over ranks 0, 2 (inter):    1 x (20 us + 1 x 5 us) + 1e9 / 1e9 = 1.000025 s
+    the rest of the step, one mul:            1 x 1 us + 1e11 / 1e11 = 1.000001 s."""
+    rest = Tally(runs=Counter({"aten.mul": 1}), bytes=Counter({"aten.mul": 10**11}))
+    step = {(TRUNK, "pairformer.tri_mul_out"): _trunk(), (REST, "other"): rest}
+    seconds = rank_seconds(step, HAND, ranks_per_node=2)
+    assert seconds.compute[(TRUNK, "pairformer.tri_mul_out")] == pytest.approx(2.00001 + 2.000012 + 0.50002)
+    assert seconds.comm[(TRUNK, "pairformer.tri_mul_out")] == pytest.approx(0.300036 + 1.000025)
+    assert seconds.total == pytest.approx(4.500042 + 1.300061 + 1.000001)
+    assert seconds.comm_total == pytest.approx(1.300061)
+    # The real job runs 11 trunk passes where the benchmark ran 4; the rest once.
+    assert seconds.job({TRUNK: 11 / 4}) == pytest.approx(11 / 4 * (4.500042 + 1.300061) + 1.000001)
+    assert seconds.dominant("compute") == ("pairformer.tri_mul_out", pytest.approx(4.500042))
+    # Two ranks a device (a node of 2 devices running 4 ranks) stretch compute, not communication.
+    shared = rank_seconds(step, HAND, ranks_per_node=2, shared=2.0)
+    assert shared.total == pytest.approx(2 * (4.500042 + 1.000001) + 1.300061)
+    # The step is its slowest rank's.
+    lighter = {
+        (TRUNK, "pairformer.tri_mul_out"): Tally(runs=Counter({"aten.mm": 1}), flops=Counter({"aten.mm": 1}))
+    }
+    assert step_seconds({0: lighter, 1: step}, HAND, 2).total == pytest.approx(seconds.total)
+    # A collective between nodes with no inter-node figures is refused by name.
+    one_node = Hardware("one node", HAND.rates, 0.0, {INTRA: HAND.links[INTRA]}, 2, "float32")
+    with pytest.raises(ValueError, match="no inter-node link"):
+        rank_seconds(step, one_node, ranks_per_node=2)
+
+
+@pytest.mark.unit
+def test_the_fits_recover_the_costs_that_made_the_times():
+    """Times made from known costs at four sizes: each op's fixed cost and rate, each class's, and a
+    link's alpha-beta come back; a cost the points cannot tell from zero stays at zero."""
+    truth = {"aten.mm": OpCost(5e-6, 2e10), "aten.add": OpCost(2e-6, 8e9)}
+    points = []
+    for n in (32, 64, 96, 128):
+        times = OpTimes(flop_ops={"aten.mm"})
+        for op, runs, work in (("aten.mm", 100, 2.0 * n**3), ("aten.add", 300, 4.0 * n**2 * 64)):
+            times.runs[op], times.work[op] = runs, work
+            times.seconds[op] = runs * truth[op].kernel_s + work / truth[op].per_s
+        points.append(times)
+    ops, classes = fit_ops(points)
+    for op, cost in truth.items():
+        assert ops[op].kernel_s == pytest.approx(cost.kernel_s, rel=1e-6)
+        assert ops[op].per_s == pytest.approx(cost.per_s, rel=1e-6)
+    assert classes["matmul"].per_s == pytest.approx(2e10, rel=1e-6)
+    assert classes["memory"].per_s == pytest.approx(8e9, rel=1e-6)
+    link = fit_link(
+        [CommPoint(calls, sent, calls * 1e-4 + sent / 1e9) for calls, sent in ((4, 1e6), (8, 8e6), (2, 5e7))]
+    )
+    assert (link.alpha_s, link.bytes_per_s) == (pytest.approx(1e-4), pytest.approx(1e9))
+    # Unconstrained, x = (3, -0.5); held non-negative, the second column is dropped and the first
+    # takes the mean of b.
+    a = np.array([[1.0, 1.0], [1.0, 2.0], [1.0, 3.0]])
+    x = nonnegative_lstsq(a, a @ np.array([3.0, -0.5]))
+    assert x[1] == 0 and x[0] == pytest.approx(2.0)
+
+
+def _ops(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """Ops of each kind: a matmul, a view, an allocation, a copy, in-place and out-of-place work."""
+    y = (x @ w).softmax(-1)
+    z = torch.empty_like(y)
+    z.copy_(y.t().contiguous().t())
+    z.add_(1.0)
+    return (z * y).view(-1).sum()
+
+
+@pytest.mark.unit
+def test_the_count_on_fake_tensors_sees_the_work_the_timer_times():
+    """The same ops on fake tensors (the count) and on real ones (the op timer): the same runs,
+    FLOPs and bytes, op by op; the timer's seconds are real."""
+    with FlopCount() as count:
+        _ops(torch.randn(64, 32), torch.randn(32, 48))
+    counted = merged(count.result().tally)
+    timer = OpTimer(torch.device("cpu"))
+    with timer:
+        _ops(torch.randn(64, 32), torch.randn(32, 48))
+    timed = timer.times
+    assert dict(timed.runs) == dict(counted.runs)
+    assert timed.flop_ops == {"aten.mm"} and counted.flops["aten.mm"] == 2 * 64 * 32 * 48
+    assert {op: w for op, w in timed.work.items() if op != "aten.mm"} == dict(counted.bytes)
+    assert counted.bytes["aten.empty_like"] == 0 and counted.bytes["aten.t"] == 0  # an allocation, a view
+    assert counted.bytes["aten.add_"] == 2 * 64 * 48 * 4  # read and written in place
+    assert all(s > 0 for s in timed.seconds.values())
+
+
+@pytest.mark.unit
+def test_a_fold_step_is_counted_by_phase_with_its_flops_and_collectives():
+    """fold_small at cp=2: the trunk's passes and the sampling steps are filed apart from the rest;
+    the tally's FLOPs are the FLOP counter's; each rank's collectives span both ranks."""
+    workload, _ = builtin("fold_small")
+    topology = Topology.from_config("1d", 2, None)
+    with fake_rank(topology, 0, torch.float32, 0) as ctx:
+        counted = count_step(workload, None, Shape(32, 288, 16, 2), ctx, False, 0)
+    phases = {phase for phase, _ in counted.tally}
+    assert {TRUNK, SAMPLING_STEP, REST} <= phases
+    total = merged(counted.tally)
+    assert sum(total.flops.values()) == counted.flops
+    assert set(total.calls) == {(0, 1)} and total.sent[(0, 1)] > 0
+    trunk = merged({k: t for k, t in counted.tally.items() if k[0] == TRUNK})
+    assert 0 < sum(trunk.flops.values()) < counted.flops
+
+
+@pytest.mark.unit
+def test_presets_load_with_their_sources_and_bad_figures_are_refused(tmp_path):
+    hw = load_hardware("h100_sxm")
+    assert hw.rates["matmul"] == 989.4e12 and hw.devices_per_node == 8 and hw.dtype == "bfloat16"
+    assert hw.links[INTRA].bytes_per_s == 450e9 and hw.links[INTER].bytes_per_s == 50e9
+    assert {"rates", "links.intra", "links.inter", "memory_gib"} <= set(hw.sources)
+    assert load_hardware("h200_sxm").memory_gib == 141
+    with pytest.raises(ConfigError, match="neither a file nor a preset.*h100_sxm"):
+        load_hardware("b300")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump({"name": "half", "rates": {"matmul": 1.0}}))
+    with pytest.raises(ConfigError, match="bad.yaml is not a machine's figures"):
+        load_hardware(str(bad))
+    with pytest.raises(ConfigError, match="no file"):
+        load_hardware(str(tmp_path / "missing.yaml"))
+
+
+@pytest.mark.unit
+def test_the_real_job_scales_only_the_phases_it_times_and_plans_try_powers_of_two():
+    assert phase_scales({"workload.n_cycles": 2.75, "workload.sampling.steps": 50.0}) == {
+        TRUNK: 2.75, SAMPLING_STEP: 50.0}  # fmt: skip
+    assert phase_scales({"workload.n_blocks": 2.0}) is None  # a loop no phase times apart
+    tried = list(topologies("2d", 16))
+    assert [(t.kind.value, t.cp) for t in tried] == [("1d", 1), ("2d", 2), ("2d", 4), ("2d", 8), ("2d", 16)]
+    assert [t.grid for t in tried if t.cp in (4, 16)] == [(2, 2), (4, 4)]
+
+
+@pytest.mark.e2e
+def test_calibrate_then_forecast_through_their_entry_points(tmp_path):
+    """`python -m cpbench.calibrate` runs cp=2 at two N, times each op, fits the link to the run's
+    collectives and writes calibration.yaml with the run checked against it; `python -m
+    cpbench.forecast` predicts from that file, shows the run's rows beside their predictions, plans,
+    and refuses what it cannot price, by name."""
+    cal = tmp_path / "cal"
+    calibrate = [
+        sys.executable,
+        "-m",
+        "cpbench.calibrate",
+        *BASE,
+        *TIMING,
+        "topology.cp=2",
+        f"output_dir={cal}",
+    ]
+    calibrated = ok(run_cmd([*calibrate, "sweep.n_tokens=[32,64]"], tmp_path, timeout=240))
+    assert "| 1d cp=2 | 32 |" in calibrated.stdout and "| 1d cp=2 | 64 |" in calibrated.stdout
+    hw = load_hardware(str(cal / "calibration.yaml"))
+    assert hw.devices_per_node >= 1 and hw.dtype == "float32" and INTRA in hw.links
+    assert "aten.addmm" in hw.ops and all(c.kernel_s >= 0 and c.per_s > 0 for c in hw.ops.values())
+    assert "python -m cpbench.calibrate" in hw.sources["ops"]
+
+    common = [
+        sys.executable,
+        "-m",
+        "cpbench.forecast",
+        *BASE,
+        f"forecast.hardware={cal / 'calibration.yaml'}",
+    ]
+    out = tmp_path / "forecast"
+    forecast = ok(run_cmd([*common, f"output_dir={out}", f"forecast.against={cal}", "forecast.n_tokens=[128]",
+                           "forecast.cp=[1,2,4]", "forecast.ranks_per_node=4", "forecast.plan_n_tokens=[64]",
+                           "forecast.plan_max_cp=4"], tmp_path, timeout=240))  # fmt: skip
+    text = (out / "forecast.md").read_text()
+    assert text == forecast.stdout
+    predicted = [line for line in text.splitlines() if line.startswith("| 1d cp=") and "| 128 |" in line]
+    assert len(predicted) == 3
+    shared = {line.split("|")[1].strip(): float(line.split("|")[-2]) for line in predicted}
+    assert shared == {"1d cp=1": 1.0, "1d cp=2": 1.0, "1d cp=4": 4 / hw.devices_per_node}
+    measured = text.split("## Against")[1].split("##")[0]
+    assert measured.count("| 1d cp=2 |") == 2
+    errors = [
+        float(line.split("|")[7].strip().rstrip("%"))
+        for line in measured.splitlines()
+        if "| 1d cp=2 |" in line
+    ]
+    assert all(math.isfinite(e) for e in errors)
+    plan = text.split("## Planning table")[1]
+    assert "| 64 | 1d | cp=1 (1d) |" in plan and "| 64 | 2d | cp=1 (1d) |" in plan
+    # cp=4 at 2 ranks a node crosses nodes: a one-node calibration has no figures for that.
+    at_two = ["forecast.cp=[4]", "forecast.ranks_per_node=2", "forecast.n_tokens=[64]"]
+    crossed = run_cmd([*common, f"output_dir={tmp_path / 'crossed'}", *at_two], tmp_path, timeout=120)
+    assert crossed.returncode == 2 and "no inter-node link figures" in crossed.stderr
+
+
+@pytest.mark.unit
+def test_a_forecast_without_figures_is_refused(tmp_path):
+    proc = refused("forecast.enabled=true", f"output_dir={tmp_path / 'f'}", cwd=tmp_path)
+    assert proc.returncode == 2 and "forecast.hardware: name a preset" in proc.stderr
