@@ -70,9 +70,10 @@ def test_the_model_prices_a_hand_computed_step():
     # The real job runs 11 trunk passes where the benchmark ran 4; the rest once.
     assert seconds.job({TRUNK: 11 / 4}) == pytest.approx(11 / 4 * (4.500042 + 1.300061) + 1.000001)
     assert seconds.dominant("compute") == ("pairformer.tri_mul_out", pytest.approx(4.500042))
-    # Two ranks a device (a node of 2 devices running 4 ranks) stretch compute, not communication.
+    # Two ranks a device (a node of 2 devices running 4 ranks): each gets half, for all it does.
     shared = rank_seconds(step, HAND, ranks_per_node=2, shared=2.0)
-    assert shared.total == pytest.approx(2 * (4.500042 + 1.000001) + 1.300061)
+    assert shared.total == pytest.approx(2 * (4.500042 + 1.000001 + 1.300061))
+    assert shared.comm_total == pytest.approx(2 * 1.300061)
     # The step is its slowest rank's.
     lighter = {
         (TRUNK, "pairformer.tri_mul_out"): Tally(runs=Counter({"aten.mm": 1}), flops=Counter({"aten.mm": 1}))
@@ -242,6 +243,13 @@ def test_calibrate_then_forecast_through_their_entry_points(tmp_path):
 
 
 @pytest.mark.unit
-def test_a_forecast_without_figures_is_refused(tmp_path):
-    proc = refused("forecast.enabled=true", f"output_dir={tmp_path / 'f'}", cwd=tmp_path)
+def test_a_forecast_without_figures_or_with_bad_settings_is_refused(tmp_path):
+    out = f"output_dir={tmp_path / 'f'}"
+    proc = refused("forecast.enabled=true", out, cwd=tmp_path)
     assert proc.returncode == 2 and "forecast.hardware: name a preset" in proc.stderr
+    figures = ("forecast.enabled=true", "forecast.hardware=h100_sxm", out)
+    proc = refused(*figures, f"forecast.against={tmp_path / 'nowhere'}", cwd=tmp_path)
+    assert proc.returncode == 2 and "no results.csv there" in proc.stderr
+    proc = refused(*figures, "forecast.plan_max_cp=0", cwd=tmp_path)
+    assert proc.returncode == 2 and "forecast.plan_max_cp=0: must be > 0" in proc.stderr
+    assert not (tmp_path / "f").exists()  # a refused forecast leaves nothing

@@ -62,7 +62,7 @@ def calibrate(folder: RunFolder, settings: BenchConfig, workload: Workload) -> i
     source = (f"python -m cpbench.calibrate, {date.today().isoformat()}: {workload_name(settings)} at N="
               f"{', '.join(str(s.n_tokens) for s in shapes)}")  # fmt: skip
     hw = calibrated(name, timed, comm, devices, settings.dtype.value, cap_gib(settings.memory, on), source)
-    check = _against(folder, settings, workload, hw, hw.devices_per_node, ok)
+    check = _against(settings, workload, hw, hw.devices_per_node, ok)
     notes = [f"The time model's figures for {name} (docs/predict.md), fitted by {source}.",
              "Each op's fixed cost (kernel_s) and rate (per_s: FLOPs or bytes a second) from its timed runs;",
              "the link from the run's collectives (comm_ops.csv)." if comm else "No CP run: no link figures.",
@@ -77,7 +77,7 @@ def workload_name(settings: BenchConfig) -> str:
     return settings.workload_preset or "the workload"
 
 
-def _against(folder: RunFolder, settings: BenchConfig, workload: Workload, hw: Hardware, ranks_per_node: int,
+def _against(settings: BenchConfig, workload: Workload, hw: Hardware, ranks_per_node: int,
              rows: pd.DataFrame) -> list[str]:  # fmt: skip
     """Each measured row of a run beside its prediction: the error the figures make there."""
     body = []
@@ -120,6 +120,8 @@ def forecast(folder: RunFolder, settings: BenchConfig, workload: Workload, chang
         ranks_per_node = f.ranks_per_node or hw.devices_per_node
         cps = f.cp or [settings.topology.cp]
         topologies = [Topology.from_config(settings.topology.kind, cp, None) for cp in cps]
+        if f.against and not RunFolder(f.against).results.exists():
+            raise ConfigError(f"forecast.against={f.against}: no results.csv there (a run's output_dir)")
     except ConfigError as err:
         print(f"cpbench: error: {err}", file=sys.stderr)
         return 2
@@ -159,11 +161,10 @@ def _forecast_text(
     if scales is None:
         lines += ["", "The real job runs a loop cpbench does not time apart: its step is not estimated."]
     if f.against:
-        against = RunFolder(f.against)
-        rows = against.read_results()
+        rows = RunFolder(f.against).read_results()
         ok = rows[(rows["status"] == "ok")] if not rows.empty else rows
         lines += ["", f"## Against the measured rows of {f.against}", "",
-                  *_against(against, settings, workload, hw, ranks_per_node, ok)]  # fmt: skip
+                  *_against(settings, workload, hw, ranks_per_node, ok)]  # fmt: skip
     if f.plan_n_tokens:
         planned = [plan(settings, workload, n, kind, hw, ranks_per_node, budget, scales, _say)
                    for n in f.plan_n_tokens for kind in ("1d", "2d")]  # fmt: skip

@@ -143,15 +143,14 @@ class ForecastConfig:
     hardware: str | None = None
     n_tokens: list[int] | None = None  # the N to predict at; null: sweep.n_tokens
     cp: list[int] | None = None  # the CP sizes to predict at, of topology.kind; null: topology.cp
-    ranks_per_node: int | None = None  # null: the machine's devices per node
+    ranks_per_node: int | None = None  # the ranks a node; null: the machine's devices a node
     # The planning table's target N: for each, the smallest CP size that fits (the memory estimate)
-    # in 1d and in 2d, up to plan_max_cp, with its predicted step; empty: no table.
+    # in 1d and in 2d, with its predicted step; empty: no table.
     plan_n_tokens: list[int] = field(default_factory=list)
-    plan_max_cp: int = 64
+    plan_max_cp: int = 64  # the largest CP size the planning table tries (powers of two up to it)
     against: str | None = None  # a run folder: each measured row beside its prediction, and the error
-    # Set by the entry points: the forecast alone (no rank starts), or a run then its calibration.
-    enabled: bool = False
-    calibrate: bool = False
+    enabled: bool = False  # set by `python -m cpbench.forecast`: the forecast alone, no rank starts
+    calibrate: bool = False  # set by `python -m cpbench.calibrate`: the run, then its calibration
 
 
 @dataclass

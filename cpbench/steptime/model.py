@@ -16,8 +16,9 @@ ring volumes) at the link's bandwidth B_l; l is `intra` when every rank it joins
 else `inter`.
 
 The step is the slowest rank's sum over its phases and ops: compute and communication add, nothing
-overlaps. Ranks sharing a device (more ranks on a node than it has devices) stretch compute by
-ranks / devices. The real job runs each phase p `scale_p` times as often as the benchmark
+overlaps. Ranks sharing a device (more ranks on a node than it has devices) each get their share of
+it, so their compute and their collectives alike take ranks / devices times as long (a CPU rank's
+collectives are copies its cores make). The real job runs each phase p `scale_p` times as often as the benchmark
 (docs/budget.md's what-changed table):
 
     job = sum over p of  scale_p * (compute(p) + comm(p))
@@ -133,11 +134,11 @@ def comm_seconds(tally: Tally, hw: Hardware, ranks_per_node: int) -> float:
 
 def rank_seconds(tally: StepTally, hw: Hardware, ranks_per_node: int, shared: float = 1.0) -> Seconds:
     """One rank's predicted step, by phase and op label; `shared`: ranks per device on its node (>= 1),
-    which stretches compute."""
+    which stretches all of it."""
     seconds = Seconds()
     for key, part in tally.items():
         seconds.compute[key] += shared * compute_seconds(part, hw)
-        seconds.comm[key] += comm_seconds(part, hw, ranks_per_node)
+        seconds.comm[key] += shared * comm_seconds(part, hw, ranks_per_node)
     return seconds
 
 

@@ -45,7 +45,8 @@ def phase_scales(scaled: dict[str, float]) -> dict[str, float] | None:
 
 
 def ranks_sharing(topology: Topology, hw: Hardware, ranks_per_node: int) -> float:
-    """Ranks per device on a node (>= 1): more ranks on a node than it has devices share them."""
+    """Ranks per device on a node (>= 1): more ranks on a node than it has devices share them, and
+    each rank's step takes that many times as long (model.py)."""
     return max(1.0, min(topology.cp, ranks_per_node) / hw.devices_per_node)
 
 
