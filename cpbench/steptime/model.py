@@ -18,8 +18,8 @@ else `inter`.
 The step is the slowest rank's sum over its phases and ops: compute and communication add, nothing
 overlaps. Ranks sharing a device (more ranks on a node than it has devices) each get their share of
 it, so their compute and their collectives alike take ranks / devices times as long (a CPU rank's
-collectives are copies its cores make). The real job runs each phase p `scale_p` times as often as the benchmark
-(docs/budget.md's what-changed table):
+collectives are copies its cores make). The real job runs each phase p `scale_p` times as often as
+the benchmark (docs/budget.md's what-changed table):
 
     job = sum over p of  scale_p * (compute(p) + comm(p))
 
