@@ -25,7 +25,7 @@ from cpbench.steptime.calibrate import CommPoint, fit_link, fit_ops, nonnegative
 from cpbench.steptime.hardware import load_hardware
 from cpbench.steptime.model import INTER, INTRA, Hardware, Link, OpCost, rank_seconds, step_seconds
 from cpbench.steptime.op_timer import OpTimer, OpTimes
-from cpbench.steptime.plan import phase_scales, topologies
+from cpbench.steptime.predicted import phase_scales, topologies
 
 HAND = Hardware(
     "by hand",
@@ -127,7 +127,7 @@ def _ops(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 def test_the_count_on_fake_tensors_sees_the_work_the_timer_times():
     """The same ops on fake tensors (the count) and on real ones (the op timer): the same runs,
     FLOPs and bytes, op by op; the timer's seconds are real."""
-    with FlopCount() as count:
+    with FlopCount(tally=True) as count:
         _ops(torch.randn(64, 32), torch.randn(32, 48))
     counted = merged(count.result().tally)
     timer = OpTimer(torch.device("cpu"))
@@ -149,7 +149,7 @@ def test_a_fold_step_is_counted_by_phase_with_its_flops_and_collectives():
     workload, _ = builtin("fold_small")
     topology = Topology.from_config("1d", 2, None)
     with fake_rank(topology, 0, torch.float32, 0) as ctx:
-        counted = count_step(workload, None, Shape(32, 288, 16, 2), ctx, False, 0)
+        counted = count_step(workload, None, Shape(32, 288, 16, 2), ctx, False, 0, tally=True)
     phases = {phase for phase, _ in counted.tally}
     assert {TRUNK, SAMPLING_STEP, REST} <= phases
     total = merged(counted.tally)
@@ -177,7 +177,7 @@ def test_presets_load_with_their_sources_and_bad_figures_are_refused(tmp_path):
 
 
 @pytest.mark.unit
-def test_the_real_job_scales_only_the_phases_it_times_and_plans_try_powers_of_two():
+def test_the_real_job_scales_only_the_phases_it_times_and_the_planning_table_tries_powers_of_two():
     assert phase_scales({"workload.n_cycles": 2.75, "workload.sampling.steps": 50.0}) == {
         TRUNK: 2.75, SAMPLING_STEP: 50.0}  # fmt: skip
     assert phase_scales({"workload.n_blocks": 2.0}) is None  # a loop no phase times apart
@@ -190,8 +190,8 @@ def test_the_real_job_scales_only_the_phases_it_times_and_plans_try_powers_of_tw
 def test_calibrate_then_forecast_through_their_entry_points(tmp_path):
     """`python -m cpbench.calibrate` runs cp=2 at two N, times each op, fits the link to the run's
     collectives and writes calibration.yaml with the run checked against it; `python -m
-    cpbench.forecast` predicts from that file, shows the run's rows beside their predictions, plans,
-    and refuses what it cannot price, by name."""
+    cpbench.forecast` predicts from that file, shows the run's rows beside their predictions, fills
+    the planning table, and refuses what it cannot price, by name."""
     cal = tmp_path / "cal"
     calibrate = [
         sys.executable,

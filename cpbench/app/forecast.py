@@ -23,7 +23,7 @@ from cpbench.settings.schema import BenchConfig
 from cpbench.steptime.calibrate import CommPoint, calibrated
 from cpbench.steptime.hardware import hardware_text, load_hardware
 from cpbench.steptime.model import Hardware
-from cpbench.steptime.plan import Forecast, Planned, forecast_at, phase_scales, plan
+from cpbench.steptime.predicted import Forecast, SmallestFit, forecast_at, phase_scales, smallest_fit
 from cpbench.steptime.timed_steps import time_ops
 from cpbench.workloads.base import Workload
 
@@ -166,10 +166,10 @@ def _forecast_text(
         lines += ["", f"## Against the measured rows of {f.against}", "",
                   *_against(settings, workload, hw, ranks_per_node, ok)]  # fmt: skip
     if f.plan_n_tokens:
-        planned = [plan(settings, workload, n, kind, hw, ranks_per_node, budget, scales, _say)
+        fits = [smallest_fit(settings, workload, n, kind, hw, ranks_per_node, budget, scales, _say)
                    for n in f.plan_n_tokens for kind in ("1d", "2d")]  # fmt: skip
         lines += ["", f"## Planning table ({budget:g} GiB a rank, CP sizes up to {f.plan_max_cp})", "",
-                  *_plan_table(planned)]  # fmt: skip
+                  *_planning_table(fits)]  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
@@ -199,9 +199,9 @@ def _forecast_table(forecasts: Sequence[Forecast]) -> list[str]:
                   "comm held by", "real job's step", "ranks per device"], body)  # fmt: skip
 
 
-def _plan_table(planned: Sequence[Planned]) -> list[str]:
+def _planning_table(fits: Sequence[SmallestFit]) -> list[str]:
     body = []
-    for p in planned:
+    for p in fits:
         if p.forecast is None:
             body.append((p.n_tokens, p.kind, "none fits", "", "", "", ""))
             continue

@@ -12,7 +12,11 @@ Each rank counts its own share: a DTensor op is left to DTensor, whose local ops
 the local shapes, and DTensor's own shape propagation (the op run again at the global shape) is kept
 out; counted at the global shape, every rank would count the whole model.
 Collectives are skipped: the `c10d` ops return a completed work at once (the functional collectives
-have fake runs of their own), so a rank's count needs no peer and moves no byte.
+have fake kernels of their own), so a rank's count needs no peer and moves no byte.
+
+The same pass files each aten op's runs and work (FLOPs, or the bytes it reads and writes) and each
+collective's bytes by the ranks it spans, under the phase and CP op label running: the tally the
+time model prices (measure/tally.py, cpbench/steptime/).
 """
 
 from __future__ import annotations
@@ -76,12 +80,14 @@ def op_work(func: Any, args: tuple, kwargs: dict, out: Any) -> tuple[str, int, i
 class _LocalShares(TorchDispatchMode):
     """Defers a DTensor op to DTensor, so that the counter sees the local ops it runs; names the ops
     from outside aten that the counter cannot count; adds up the FLOPs of recomputed forward ops;
-    tallies the step's work for the time model (measure/tally.py), by phase and op label."""
+    with `tallying`, tallies the step's work for the time model (measure/tally.py), by phase and op
+    label (off in a run's counts: it costs a point's count about a tenth more)."""
 
-    def __init__(self) -> None:
+    def __init__(self, tallying: bool) -> None:
         super().__init__()
         self.uncounted: Counter[str] = Counter()
         self.recomputed = 0
+        self.tallying = tallying
         self.tally: StepTally = {}
 
     def here(self) -> Tally:
@@ -100,8 +106,7 @@ class _LocalShares(TorchDispatchMode):
             self.uncounted[str(func.overloadpacket)] += 1
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
-        work = op_work(func, args, kwargs, out)
-        if work is not None:
+        if self.tallying and (work := op_work(func, args, kwargs, out)) is not None:
             op, flops, nbytes = work
             tally = self.here()
             tally.runs[op] += 1
@@ -109,9 +114,10 @@ class _LocalShares(TorchDispatchMode):
                 tally.flops[op] += flops
             else:
                 tally.bytes[op] += nbytes
-            # The backward runs its own ops with grad disabled; a checkpoint recomputes with it enabled.
-            if flops and torch.is_grad_enabled() and torch._C._current_autograd_node() is not None:
-                self.recomputed += flops
+        # The backward runs its own ops with grad disabled; a checkpoint recomputes with it enabled.
+        recomputing = torch.is_grad_enabled() and torch._C._current_autograd_node() is not None
+        if recomputing and func.overloadpacket in flop_registry:
+            self.recomputed += int(flop_registry[func.overloadpacket](*args, **kwargs, out_val=out))
         return out
 
 
@@ -158,10 +164,11 @@ def _dtensor_metadata_uncounted() -> Iterator[None]:
 
 
 class FlopCount:
-    """Counts what runs inside it on fake tensors; `result()` once it has closed."""
+    """Counts what runs inside it on fake tensors; `result()` once it has closed. `tally`: the
+    step's work for the time model too (`StepFlops.tally`)."""
 
-    def __init__(self) -> None:
-        self._counter, self._local = FlopCounterMode(display=False), _LocalShares()
+    def __init__(self, tally: bool = False) -> None:
+        self._counter, self._local = FlopCounterMode(display=False), _LocalShares(tally)
         self._modes = ExitStack()
 
     def __enter__(self) -> FlopCount:
@@ -173,8 +180,9 @@ class FlopCount:
         # The last sees an op first: a DTensor op goes to DTensor before another mode of ours sees it.
         for mode in (fake, self._counter, SkipCollectives(), self._local):
             self._modes.enter_context(mode)
-        self._modes.enter_context(timing(torch.device("cpu")))  # the phases open, for the tally
-        self._modes.enter_context(_observed(self._local.sent))
+        if self._local.tallying:
+            self._modes.enter_context(timing(torch.device("cpu")))  # the phases open, for the tally
+            self._modes.enter_context(_observed(self._local.sent))
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -261,25 +269,25 @@ def forms_to_count(groups: tuple[dict[str, int], ...]) -> list[tuple[dict[str, i
 
 
 def counted_forms(workload: Workload, forms: list[tuple[dict[str, int], int]], shape: Shape, ctx: RankContext,
-                  train: bool, seed: int) -> StepFlops:  # fmt: skip
+                  train: bool, seed: int, tally: bool = False) -> StepFlops:  # fmt: skip
     """The weighted sum of the counts of the step's cut forms (`flop_form`), each with a model of its own."""
     by_op: Counter[str] = Counter()
     uncounted: set[str] = set()
     recomputed = 0
-    tally: StepTally = {}
+    work: StepTally = {}
     for passes, weight in forms:
         form = workload.flop_form(passes)
-        counted = _count(form, form.build_model(ctx), shape, ctx, train, seed)
+        counted = _count(form, form.build_model(ctx), shape, ctx, train, seed, tally)
         by_op.update({op: weight * flops for op, flops in counted.by_op.items()})
         uncounted |= set(counted.uncounted)
         recomputed += weight * counted.recomputed
-        add_into(tally, counted.tally, weight)
+        add_into(work, counted.tally, weight)
     by_op = Counter({op: f for op, f in by_op.items() if f})
-    return StepFlops(sum(by_op.values()), dict(by_op), tuple(sorted(uncounted)), recomputed, tally)
+    return StepFlops(sum(by_op.values()), dict(by_op), tuple(sorted(uncounted)), recomputed, work)
 
 
 def count_step(workload: Workload, model: torch.nn.Module, shape: Shape, ctx: RankContext, train: bool,
-               seed: int) -> StepFlops:  # fmt: skip
+               seed: int, tally: bool = False) -> StepFlops:  # fmt: skip
     """This rank's FLOPs of one step at `shape`: build_batch and run_step (and in native training the
     backward the driver runs) with the run's model. Every loop of the step runs whole (recycling,
     sampling steps, chunks), so each counts in proportion to its passes with nothing multiplied. A
@@ -289,16 +297,18 @@ def count_step(workload: Workload, model: torch.nn.Module, shape: Shape, ctx: Ra
     sampling steps at N=2048 walks thousands of passes otherwise (docs/measurement.md). A training
     trace leaves fake gradients (and, under foldcp, optimizer state) behind: the caller builds the
     model again before a real step. Where the corners walk more loop passes than the step itself,
-    the step is counted once in its own form, its chunk loops one chunk (`forms_to_count`)."""
+    the step is counted once in its own form, its chunk loops one chunk (`forms_to_count`). `tally`:
+    with the step's work for the time model (`StepFlops.tally`)."""
     if traits(workload).flop_form is not None:
-        return counted_forms(workload, forms_to_count(workload.flop_loops(train)), shape, ctx, train, seed)
-    return _count(workload, model, shape, ctx, train, seed)
+        forms = forms_to_count(workload.flop_loops(train))
+        return counted_forms(workload, forms, shape, ctx, train, seed, tally)
+    return _count(workload, model, shape, ctx, train, seed, tally)
 
 
 def _count(workload: Workload, model: torch.nn.Module, shape: Shape, ctx: RankContext, train: bool,
-           seed: int) -> StepFlops:  # fmt: skip
+           seed: int, tally: bool) -> StepFlops:  # fmt: skip
     contract = traits(workload).contract
-    with FlopCount() as count:
+    with FlopCount(tally) as count:
         seed_all(seed)
         batch = workload.build_batch(shape, ctx)
         with torch.set_grad_enabled(train):

@@ -26,5 +26,7 @@ def rank_tallies(settings: BenchConfig, workload: Workload, topology: Topology, 
             with fake_rank(topology, rank, dtype, settings.seed) as ctx:
                 # A workload counted in cut forms builds its own models (measure/flops.py).
                 model = None if traits(workload).flop_form is not None else workload.build_model(ctx)
-                tallies[rank] = count_step(workload, model, shape, ctx, train, settings.seed).tally
+                tallies[rank] = count_step(
+                    workload, model, shape, ctx, train, settings.seed, tally=True
+                ).tally
     return tallies

@@ -70,7 +70,7 @@ def forecast_at(
 
 
 @dataclass(frozen=True)
-class Planned:
+class SmallestFit:
     """A target N on one topology kind: the smallest CP size that fits it and its forecast, or None
     when none up to the largest CP size tried does."""
 
@@ -81,7 +81,7 @@ class Planned:
 
 
 def topologies(kind: str, max_cp: int) -> Iterator[Topology]:
-    """The CP sizes a plan tries, smallest first: powers of two (a 2d grid of each that tiles)."""
+    """The CP sizes the planning table tries, smallest first: powers of two (a 2d grid of each that tiles)."""
     cp = 1
     while cp <= max_cp:
         with contextlib.suppress(ConfigError):  # a CP size the kind cannot lay out
@@ -89,9 +89,17 @@ def topologies(kind: str, max_cp: int) -> Iterator[Topology]:
         cp *= 2
 
 
-def plan(settings: BenchConfig, workload: Workload, n: int, kind: str, hw: Hardware, ranks_per_node: int,
-         budget_gib: float, scales: dict[str, float] | None,
-         progress: Callable[[str], None] = lambda line: None) -> Planned:  # fmt: skip
+def smallest_fit(
+    settings: BenchConfig,
+    workload: Workload,
+    n: int,
+    kind: str,
+    hw: Hardware,
+    ranks_per_node: int,
+    budget_gib: float,
+    scales: dict[str, float] | None,
+    progress: Callable[[str], None] = lambda line: None,
+) -> SmallestFit:
     """The smallest CP size of `kind` whose every traced rank holds N within `budget_gib` per rank."""
     train, dtype = settings.workflow is Workflow.training, getattr(torch, settings.dtype.value)
     gloo = pick_backend(settings.dist.backend) == "gloo"
@@ -105,5 +113,5 @@ def plan(settings: BenchConfig, workload: Workload, n: int, kind: str, hw: Hardw
         if peak <= budget_gib:
             progress(f"N={at}: counting {topology.kind} cp={topology.cp}'s work")
             fc = forecast_at(settings, workload, topology, at, hw, ranks_per_node, scales, budget_gib)
-            return Planned(n, kind, peak, fc)
-    return Planned(n, kind, None, None)
+            return SmallestFit(n, kind, peak, fc)
+    return SmallestFit(n, kind, None, None)
