@@ -10,7 +10,7 @@ OUT=$(realpath -m "${1:-forecast_check}")
 PY=${PYTHON:-python}
 CAP=(memory.cpu_budget_gib=4 budget.minutes=null)  # room for N=384 and no trimmed plan
 CAL=$OUT/cal/calibration.yaml
-$PY -m cpbench.calibrate output_dir="$OUT/cal" "${CAP[@]}"
+$PY -m cpbench.calibrate output_dir="$OUT/cal" budget.minutes=null
 $PY -m cpbench output_dir="$OUT/big" 'sweep.n_tokens=[256,384]' probe.enabled=false "${CAP[@]}"
 $PY -m cpbench output_dir="$OUT/grid" topology.kind=2d topology.cp=4 baseline=false \
     'sweep.n_tokens=[128,256,384]' probe.enabled=false "${CAP[@]}"

@@ -306,7 +306,7 @@ def count_step(workload: Workload, model: torch.nn.Module, shape: Shape, ctx: Ra
 
 
 def _count(workload: Workload, model: torch.nn.Module, shape: Shape, ctx: RankContext, train: bool,
-           seed: int, tally: bool) -> StepFlops:  # fmt: skip
+           seed: int, tally: bool = False) -> StepFlops:  # fmt: skip
     contract = traits(workload).contract
     with FlopCount(tally) as count:
         seed_all(seed)
