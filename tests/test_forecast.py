@@ -21,7 +21,7 @@ from cpbench.core.phases import SAMPLING_STEP, TRUNK
 from cpbench.measure.flops import FlopCount, count_step
 from cpbench.measure.tally import REST, Tally, merged
 from cpbench.probe.predict import fake_rank
-from cpbench.steptime.calibrate import CommPoint, fit_link, fit_ops, nonnegative_lstsq
+from cpbench.steptime.calibrate import CommPoint, fit_link, fit_ops, nonnegative_lstsq, scaled_to
 from cpbench.steptime.hardware import load_hardware
 from cpbench.steptime.model import INTER, INTRA, Hardware, Link, OpCost, rank_seconds, step_seconds
 from cpbench.steptime.op_timer import OpTimer, OpTimes
@@ -101,6 +101,10 @@ def test_the_fits_recover_the_costs_that_made_the_times():
     for op, cost in truth.items():
         assert ops[op].kernel_s == pytest.approx(cost.kernel_s, rel=1e-6)
         assert ops[op].per_s == pytest.approx(cost.per_s, rel=1e-6)
+    # Scaled to a step twice as long, each op takes twice its seconds; its runs and work stay.
+    doubled = scaled_to(points[0], 2 * sum(points[0].seconds.values()))
+    assert doubled.seconds["aten.mm"] == pytest.approx(2 * points[0].seconds["aten.mm"])
+    assert doubled.runs == points[0].runs and doubled.work == points[0].work
     assert classes["matmul"].per_s == pytest.approx(2e10, rel=1e-6)
     assert classes["memory"].per_s == pytest.approx(8e9, rel=1e-6)
     link = fit_link(

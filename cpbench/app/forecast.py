@@ -8,6 +8,7 @@ import os
 import sys
 from collections.abc import Sequence
 from datetime import date
+from typing import Any
 
 import pandas as pd
 import torch
@@ -20,7 +21,7 @@ from cpbench.report.cells import table
 from cpbench.results.folder import RunFolder
 from cpbench.runtime.rank import device_type, pick_backend, threads_per_rank
 from cpbench.settings.schema import BenchConfig
-from cpbench.steptime.calibrate import CommPoint, calibrated
+from cpbench.steptime.calibrate import CommPoint, calibrated, scaled_to
 from cpbench.steptime.hardware import hardware_text, load_hardware
 from cpbench.steptime.model import Hardware
 from cpbench.steptime.predicted import Forecast, SmallestFit, forecast_at, phase_scales, smallest_fit
@@ -47,10 +48,11 @@ def calibrate(folder: RunFolder, settings: BenchConfig, workload: Workload) -> i
     if ok.empty:
         _say("calibrate: the run measured no step that fits: nothing to calibrate on")
         return 1
-    shapes = sorted({Shape(int(r.N_tokens), int(r.N_atoms), int(r.MSA_depth),
-                           None if pd.isna(r.diffusion_samples) else int(r.diffusion_samples))
-                     for r in ok.itertuples()}, key=lambda s: s.n_tokens)  # fmt: skip
+    shapes = sorted({_shape(r) for r in ok.itertuples()}, key=lambda s: s.n_tokens)
     timed = time_ops(settings, workload, shapes, _say)
+    # Each shape's op times split the run's own cp=1 step at that shape, where it has one.
+    alone = {_shape(r): r.walltime_ms / 1e3 for r in ok.itertuples() if r.cp == 1}
+    timed = [scaled_to(t, alone[s]) if s in alone else t for s, t in zip(shapes, timed, strict=True)]
     ops = pd.read_csv(folder.comm_ops) if folder.comm_ops.exists() else pd.DataFrame()
     comm = [CommPoint(o.calls, o.fwd_bytes + o.bwd_bytes, o.seconds) for o in ops.itertuples() if o.cp > 1]
     on = device_type(pick_backend(settings.dist.backend))
@@ -71,6 +73,12 @@ def calibrate(folder: RunFolder, settings: BenchConfig, workload: Workload) -> i
     print("\n".join(check))
     print(f"calibration: {folder.calibration}")
     return 0
+
+
+def _shape(row: Any) -> Shape:
+    """A results row's shape."""
+    samples = None if pd.isna(row.diffusion_samples) else int(row.diffusion_samples)
+    return Shape(int(row.N_tokens), int(row.N_atoms), int(row.MSA_depth), samples)
 
 
 def workload_name(settings: BenchConfig) -> str:
