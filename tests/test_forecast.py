@@ -10,6 +10,7 @@ import sys
 from collections import Counter
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 import yaml
@@ -21,7 +22,7 @@ from cpbench.core.phases import SAMPLING_STEP, TRUNK
 from cpbench.measure.flops import FlopCount, count_step
 from cpbench.measure.tally import REST, Tally, merged
 from cpbench.probe.predict import fake_rank
-from cpbench.steptime.calibrate import CommPoint, fit_link, fit_ops, nonnegative_lstsq, scaled_to
+from cpbench.steptime.calibrate import CommPoint, fit_link, fit_ops, nonnegative_lstsq
 from cpbench.steptime.hardware import load_hardware
 from cpbench.steptime.model import INTER, INTRA, Hardware, Link, OpCost, rank_seconds, step_seconds
 from cpbench.steptime.op_timer import OpTimer, OpTimes
@@ -102,7 +103,7 @@ def test_the_fits_recover_the_costs_that_made_the_times():
         assert ops[op].kernel_s == pytest.approx(cost.kernel_s, rel=1e-6)
         assert ops[op].per_s == pytest.approx(cost.per_s, rel=1e-6)
     # Scaled to a step twice as long, each op takes twice its seconds; its runs and work stay.
-    doubled = scaled_to(points[0], 2 * sum(points[0].seconds.values()))
+    doubled = points[0].scaled_to(2 * sum(points[0].seconds.values()))
     assert doubled.seconds["aten.mm"] == pytest.approx(2 * points[0].seconds["aten.mm"])
     assert doubled.runs == points[0].runs and doubled.work == points[0].work
     assert classes["matmul"].per_s == pytest.approx(2e10, rel=1e-6)
@@ -212,6 +213,19 @@ def test_calibrate_then_forecast_through_their_entry_points(tmp_path):
     assert hw.devices_per_node >= 1 and hw.dtype == "float32" and INTRA in hw.links
     assert "aten.addmm" in hw.ops and all(c.kernel_s >= 0 and c.per_s > 0 for c in hw.ops.values())
     assert "python -m cpbench.calibrate" in hw.sources["ops"]
+    # A second run of the configuration pools with the first: each point's step is the median of
+    # the two (their mean), in the calibration's check and in a forecast's against a glob of both.
+    again = ok(run_cmd([*calibrate[:-1], f"output_dir={tmp_path / 'cal2'}", "sweep.n_tokens=[32,64]",
+                        f"forecast.pool={cal}"], tmp_path, timeout=240))  # fmt: skip
+    steps = [
+        pd.read_csv(d / "results.csv").set_index(["cp", "N_tokens"])["walltime_ms"]
+        for d in (cal, tmp_path / "cal2")
+    ]
+    pooled = f"{(steps[0][(2, 64)] + steps[1][(2, 64)]) / 2:.3g} ms"
+    checked = [line for line in again.stdout.splitlines() if line.startswith("| 1d cp=")]
+    assert f"| 1d cp=2 | 64 | {pooled} |" in again.stdout and len(checked) == 2
+    assert all(line.endswith("%) |") and "| 2 (" in line for line in checked)
+    assert "median of 2 runs" in (tmp_path / "cal2" / "calibration.yaml").read_text()
 
     common = [
         sys.executable,
@@ -244,6 +258,9 @@ def test_calibrate_then_forecast_through_their_entry_points(tmp_path):
     at_two = ["forecast.cp=[4]", "forecast.ranks_per_node=2", "forecast.n_tokens=[64]"]
     crossed = run_cmd([*common, f"output_dir={tmp_path / 'crossed'}", *at_two], tmp_path, timeout=120)
     assert crossed.returncode == 2 and "no inter-node link figures" in crossed.stderr
+    both = ok(run_cmd([*common, f"output_dir={tmp_path / 'both'}", f"forecast.against={tmp_path}/cal*",
+                       "forecast.n_tokens=[64]"], tmp_path, timeout=120))  # fmt: skip
+    assert "median over 2 runs" in both.stdout and f"| 1d cp=2 | 64 | {pooled} |" in both.stdout
 
 
 @pytest.mark.unit
@@ -253,6 +270,10 @@ def test_a_forecast_without_figures_or_with_bad_settings_is_refused(tmp_path):
     assert proc.returncode == 2 and "forecast.hardware: name a preset" in proc.stderr
     figures = ("forecast.enabled=true", "forecast.hardware=h100_sxm", out)
     proc = refused(*figures, f"forecast.against={tmp_path / 'nowhere'}", cwd=tmp_path)
+    assert proc.returncode == 2 and "no results.csv there" in proc.stderr
+    proc = refused(*figures, f"forecast.pool={tmp_path}", cwd=tmp_path)
+    assert proc.returncode == 2 and "forecast.pool: the runs a calibration pools" in proc.stderr
+    proc = refused("forecast.calibrate=true", f"forecast.pool={tmp_path / 'cal*'}", out, cwd=tmp_path)
     assert proc.returncode == 2 and "no results.csv there" in proc.stderr
     proc = refused(*figures, "forecast.plan_max_cp=0", cwd=tmp_path)
     assert proc.returncode == 2 and "forecast.plan_max_cp=0: must be > 0" in proc.stderr

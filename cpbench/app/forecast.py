@@ -5,6 +5,7 @@ predicts step and job times from figures without starting a rank (forecast.md)."
 from __future__ import annotations
 
 import os
+import statistics
 import sys
 from collections.abc import Sequence
 from datetime import date
@@ -19,9 +20,10 @@ from cpbench.record.metadata import cpu_model
 from cpbench.record.run_record import Change
 from cpbench.report.cells import table
 from cpbench.results.folder import RunFolder
+from cpbench.results.pooled import pooled_comm_ops, pooled_results, run_folders
 from cpbench.runtime.rank import device_type, pick_backend, threads_per_rank
 from cpbench.settings.schema import BenchConfig
-from cpbench.steptime.calibrate import CommPoint, calibrated, scaled_to
+from cpbench.steptime.calibrate import CommPoint, calibrated
 from cpbench.steptime.hardware import hardware_text, load_hardware
 from cpbench.steptime.model import Hardware
 from cpbench.steptime.predicted import Forecast, SmallestFit, forecast_at, phase_scales, smallest_fit
@@ -43,17 +45,23 @@ def calibrate(folder: RunFolder, settings: BenchConfig, workload: Workload) -> i
     """After the run: each op timed in real steps at the run's N, the link fitted to the
     collectives the run measured, the figures written to calibration.yaml and shown beside the
     run's own steps."""
-    rows = folder.read_results()
-    ok = rows[rows["status"] == "ok"] if not rows.empty else rows
+    pool = settings.forecast.pool
+    runs = run_folders("forecast.pool", pool, [folder.root]) if pool else [folder]
+    ok = pooled_results(runs)
     if ok.empty:
         _say("calibrate: the run measured no step that fits: nothing to calibrate on")
         return 1
     shapes = sorted({_shape(r) for r in ok.itertuples()}, key=lambda s: s.n_tokens)
     timed = time_ops(settings, workload, shapes, _say)
-    # Each shape's op times split the run's own cp=1 step at that shape, where it has one.
+    # The op-timed steps ran in one minute, the run's over many: one factor, the median over N of
+    # the run's cp=1 step over this process's plain step, takes them to the run's speed.
     alone = {_shape(r): r.walltime_ms / 1e3 for r in ok.itertuples() if r.cp == 1}
-    timed = [scaled_to(t, alone[s]) if s in alone else t for s, t in zip(shapes, timed, strict=True)]
-    ops = pd.read_csv(folder.comm_ops) if folder.comm_ops.exists() else pd.DataFrame()
+    ratios = [alone[s] / t.step_s for s, t in zip(shapes, timed, strict=True) if s in alone]
+    drift = statistics.median(ratios) if ratios else 1.0
+    if ratios:
+        _say(f"calibrate: the run's cp=1 steps over the steps here: {', '.join(f'{r:.3f}' for r in ratios)}")
+    timed = [t.scaled_to(t.step_s * drift) for t in timed]
+    ops = pooled_comm_ops(runs)
     comm = [CommPoint(o.calls, o.fwd_bytes + o.bwd_bytes, o.seconds) for o in ops.itertuples() if o.cp > 1]
     on = device_type(pick_backend(settings.dist.backend))
     if on == "cpu":  # a device is a rank's share of the cores
@@ -61,8 +69,9 @@ def calibrate(folder: RunFolder, settings: BenchConfig, workload: Workload) -> i
         name, devices = f"{cpu_model()}, {threads} thread(s) a rank", max(1, (os.cpu_count() or 1) // threads)
     else:
         name, devices = str(ok["device"].iloc[0]), torch.cuda.device_count()
+    pooled = f", each step the median of {len(runs)} runs" if len(runs) > 1 else ""
     source = (f"python -m cpbench.calibrate, {date.today().isoformat()}: {workload_name(settings)} at N="
-              f"{', '.join(str(s.n_tokens) for s in shapes)}")  # fmt: skip
+              f"{', '.join(str(s.n_tokens) for s in shapes)}{pooled}")  # fmt: skip
     hw = calibrated(name, timed, comm, devices, settings.dtype.value, cap_gib(settings.memory, on), source)
     check = _against(settings, workload, hw, hw.devices_per_node, ok)
     notes = [f"The time model's figures for {name} (docs/predict.md), fitted by {source}.",
@@ -111,10 +120,11 @@ def _against(settings: BenchConfig, workload: Workload, hw: Hardware, ranks_per_
                 _ms(s.comm_total),
                 error,
                 f"{predicted.shared:g}",
+                f"{r.runs} ({r.walltime_spread:.0%})" if r.runs > 1 else "1",
             )
         )
     return table(["topology", "N_tokens", "measured step", "measured comm", "predicted step",
-                  "predicted comm", "error", "ranks per device"], body)  # fmt: skip
+                  "predicted comm", "error", "ranks per device", "runs (spread)"], body)  # fmt: skip
 
 
 def forecast(folder: RunFolder, settings: BenchConfig, workload: Workload, changes: Sequence[Change]) -> int:
@@ -128,15 +138,14 @@ def forecast(folder: RunFolder, settings: BenchConfig, workload: Workload, chang
         ranks_per_node = f.ranks_per_node or hw.devices_per_node
         cps = f.cp or [settings.topology.cp]
         topologies = [Topology.from_config(settings.topology.kind, cp, None) for cp in cps]
-        if f.against and not RunFolder(f.against).results.exists():
-            raise ConfigError(f"forecast.against={f.against}: no results.csv there (a run's output_dir)")
+        against = run_folders("forecast.against", f.against) if f.against else []
     except ConfigError as err:
         print(f"cpbench: error: {err}", file=sys.stderr)
         return 2
     budget = settings.memory.budget_gib or hw.memory_gib or cap_gib(settings.memory, "cpu")
     scales = phase_scales({c.setting: c.scale for c in changes if c.scale})
     try:
-        text = _forecast_text(settings, workload, hw, ranks_per_node, topologies, budget, scales)
+        text = _forecast_text(settings, workload, hw, ranks_per_node, topologies, budget, scales, against)
     except ValueError as err:  # figures the machine does not have (a link between nodes)
         print(f"cpbench: error: {err} (forecast.ranks_per_node: the ranks a node)", file=sys.stderr)
         return 2
@@ -153,6 +162,7 @@ def _forecast_text(
     topologies: Sequence[Topology],
     budget: float,
     scales: dict[str, float] | None,
+    against: Sequence[RunFolder],
 ) -> str:
     f = settings.forecast
     lines = [f"# Forecast: {workload_name(settings)}, {settings.workflow.value}, {settings.dtype.value}", "",
@@ -168,11 +178,10 @@ def _forecast_text(
     lines += ["", "## Predicted step", "", *_forecast_table(forecasts)]
     if scales is None:
         lines += ["", "The real job runs a loop cpbench does not time apart: its step is not estimated."]
-    if f.against:
-        rows = RunFolder(f.against).read_results()
-        ok = rows[(rows["status"] == "ok")] if not rows.empty else rows
-        lines += ["", f"## Against the measured rows of {f.against}", "",
-                  *_against(settings, workload, hw, ranks_per_node, ok)]  # fmt: skip
+    if against:
+        pooled = f" (each point's median over {len(against)} runs)" if len(against) > 1 else ""
+        lines += ["", f"## Against the measured rows of {f.against}{pooled}", "",
+                  *_against(settings, workload, hw, ranks_per_node, pooled_results(against))]  # fmt: skip
     if f.plan_n_tokens:
         fits = [smallest_fit(settings, workload, n, kind, hw, ranks_per_node, budget, scales, _say)
                    for n in f.plan_n_tokens for kind in ("1d", "2d")]  # fmt: skip

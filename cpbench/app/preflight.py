@@ -14,6 +14,7 @@ from omegaconf import DictConfig
 from cpbench.core import ConfigError, Topology
 from cpbench.launch.base import Launcher
 from cpbench.launch.registry import launcher_for
+from cpbench.results.pooled import run_folders
 from cpbench.settings.schema import BenchConfig, Mode, Workflow
 from cpbench.settings.validate import to_settings, validate
 from cpbench.workloads.adapter import FoldCPAdapter, WorkloadError
@@ -91,6 +92,10 @@ def checked_run(cfg: DictConfig, in_sweep: bool = False) -> CheckedRun:
     if declared.check_topology is not None:
         declared.check_topology(topology)
     _check_takes_inputs(settings, workload)
+    f = settings.forecast
+    for key, where in (("forecast.against", f.against), ("forecast.pool", f.pool)):
+        if where:  # the runs a forecast or a calibration reads, there before anything is counted or run
+            run_folders(key, where)
     return CheckedRun(settings, topology, workload, launcher)
 
 

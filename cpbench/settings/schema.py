@@ -148,7 +148,12 @@ class ForecastConfig:
     # in 1d and in 2d, with its predicted step; empty: no table.
     plan_n_tokens: list[int] = field(default_factory=list)
     plan_max_cp: int = 64  # the largest CP size the planning table tries (powers of two up to it)
-    against: str | None = None  # a run folder: each measured row beside its prediction, and the error
+    # A run folder, or a glob pattern of several runs (each point's median over them): each measured
+    # row beside its prediction, and the error.
+    against: str | None = None
+    # python -m cpbench.calibrate: earlier runs of its configuration (a folder or a glob pattern) whose
+    # points pool with its own, each point's step the median over the runs (docs/predict.md).
+    pool: str | None = None
     enabled: bool = False  # set by `python -m cpbench.forecast`: the forecast alone, no rank starts
     calibrate: bool = False  # set by `python -m cpbench.calibrate`: the run, then its calibration
 

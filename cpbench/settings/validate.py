@@ -55,6 +55,9 @@ def _check_forecast(settings: BenchConfig) -> None:
             _positive(f"forecast.{key}", value)
     _positive("forecast.ranks_per_node", f.ranks_per_node, allow_null=True)
     _positive("forecast.plan_max_cp", f.plan_max_cp)
+    if f.pool and not f.calibrate:
+        raise ConfigError("forecast.pool: the runs a calibration pools, python -m cpbench.calibrate's "
+                          "(a forecast's forecast.against takes a glob pattern itself)")  # fmt: skip
     if f.calibrate and settings.slurm.enabled:
         raise ConfigError("python -m cpbench.calibrate times ops in this process: slurm.enabled=false")
 

@@ -32,12 +32,17 @@ def nonnegative_lstsq(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return best
 
 
+# Each fit takes the largest N calibrated, this many: an op's rate on a CPU still grows with its size
+# there (fold_small, one rank: a matmul's from 25 GFLOP/s at N=128 to 33 at N=384, a layer norm's
+# from 2.3 GB/s to 2.9), so the marginal cost between the largest N is the nearest to the sizes a
+# forecast asks for. Over N=32-128, the small N's slower rates put one rank's op times at N=256-384
+# 13-18 % over the times measured there in three sets of op times; over N=96-128, 2-13 %.
+NEAREST = 2
+
+
 def fit_cost(runs: Sequence[float], work: Sequence[float], seconds: Sequence[float]) -> OpCost:
-    """seconds = runs x kernel_s + work / per_s over the points, least squares in seconds: a step's
-    time is the sum of its ops' seconds, which the largest N calibrated holds, the N nearest to those
-    predicted (an op's rate still grows with its size there: on relative error, the small N's
-    rates pulled every prediction at N=256-384 up by 5-15 %). A rate the points cannot tell from
-    free is infinite."""
+    """seconds = runs x kernel_s + work / per_s over the points, least squares in seconds. A rate
+    the points cannot tell from free is infinite."""
     a = np.array([runs, work], dtype=float).T
     y = np.array(seconds, dtype=float)
     scale = np.where(a.max(axis=0) > 0, a.max(axis=0), 1.0)
@@ -46,14 +51,14 @@ def fit_cost(runs: Sequence[float], work: Sequence[float], seconds: Sequence[flo
 
 
 def fit_ops(points: Sequence[OpTimes]) -> tuple[dict[str, OpCost], dict[str, OpCost]]:
-    """Each op's cost over the points that ran it, and each class's over its ops' sums (for an op
-    no point ran)."""
+    """Each op's cost over the last `NEAREST` points that ran it (points in order of N), and each
+    class's over its ops' sums in the last `NEAREST` points (for an op no point ran)."""
     ops = sorted({op for p in points for op in p.runs})
     flop_ops = set().union(*(p.flop_ops for p in points))
     kind = {op: op_class(op) if op in flop_ops else MEMORY for op in ops}
     costs = {}
     for op in ops:
-        seen = [p for p in points if p.seconds[op] > 0]
+        seen = [p for p in points if p.seconds[op] > 0][-NEAREST:]
         costs[op] = fit_cost(
             [p.runs[op] for p in seen], [p.work[op] for p in seen], [p.seconds[op] for p in seen]
         )
@@ -61,22 +66,11 @@ def fit_ops(points: Sequence[OpTimes]) -> tuple[dict[str, OpCost], dict[str, OpC
     for c in sorted(set(kind.values())):
         members = [op for op in ops if kind[op] == c]
         totals = [
-            [sum(getattr(p, f)[op] for op in members) for p in points] for f in ("runs", "work", "seconds")
+            [sum(getattr(p, f)[op] for op in members) for p in points[-NEAREST:]]
+            for f in ("runs", "work", "seconds")
         ]
         classes[c] = fit_cost(*totals)
     return costs, classes
-
-
-def scaled_to(times: OpTimes, seconds: float) -> OpTimes:
-    """The op times split `seconds`, the run's own measured step, in their proportions: two timed
-    steps say which op takes what share, the run's median over its repeats (after a warm-up that
-    settled) says how long the step takes. Timed apart, a shape's op times summed 23 % over the
-    run's step at N=128 in one calibration and within 3 % in another."""
-    factor = seconds / sum(times.seconds.values())
-    scaled = OpTimes(times.runs.copy(), times.work.copy(), times.seconds.copy(), set(times.flop_ops))
-    for op in scaled.seconds:
-        scaled.seconds[op] *= factor
-    return scaled
 
 
 @dataclass(frozen=True)

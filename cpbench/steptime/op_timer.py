@@ -27,6 +27,16 @@ class OpTimes:
     seconds: Counter[str] = field(default_factory=Counter)
     flop_ops: set[str] = field(default_factory=set)
 
+    @property
+    def step_s(self) -> float:
+        return sum(self.seconds.values())
+
+    def scaled_to(self, seconds: float) -> OpTimes:
+        """These times in their proportions, summing to `seconds`."""
+        factor = seconds / self.step_s
+        scaled = Counter({op: s * factor for op, s in self.seconds.items()})
+        return OpTimes(self.runs.copy(), self.work.copy(), scaled, set(self.flop_ops))
+
 
 class OpTimer(TorchDispatchMode):
     """Times every aten op that runs while it is active, into `times`."""

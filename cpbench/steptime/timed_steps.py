@@ -4,6 +4,7 @@ that each op costs here what it cost there."""
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Callable, Sequence
 
 import torch
@@ -19,13 +20,20 @@ from cpbench.settings.schema import BenchConfig, Workflow
 from cpbench.steptime.op_timer import OpTimer, OpTimes
 from cpbench.workloads.base import Workload
 
-WARMUP, TIMED = 1, 2  # steps at each shape: the first pays one-off costs; the timed ones are summed
+# Steps at each shape: the first pays one-off costs; then TIMED plain steps and TIMED op-timed ones in
+# turn. The sum of fold_small's op times over two steps at N=128 ranged over 0.99-1.19 s in six
+# calibrations within an hour, whose runs measured 1.13-1.17 s.
+WARMUP, TIMED = 1, 5
 
 
 def time_ops(settings: BenchConfig, workload: Workload, shapes: Sequence[Shape],
              progress: Callable[[str], None] = lambda line: None) -> list[OpTimes]:  # fmt: skip
-    """Each shape's ops timed over `TIMED` steps after `WARMUP` (seconds, FLOPs and bytes per step).
-    The rank takes the threads a rank of the run took (a cp=1 baseline takes its CP run's)."""
+    """Each shape's ops timed in steps after `WARMUP` (seconds, FLOPs and bytes per step): each op's
+    median over `TIMED` op-timed steps, scaled so that they sum to the median of as many plain steps
+    taken in turn with them. The plain steps say how long a step takes, Python and autograd between
+    the ops included (5-10 % of fold_small's step at N=64-256); the op-timed ones which op takes
+    what share. The rank takes the threads a rank of the run took (a cp=1 baseline takes its CP
+    run's)."""
     backend = pick_backend(settings.dist.backend)
     threads = threads_per_rank(settings.dist.cpu_threads, settings.topology.cp)
     dtype = getattr(torch, settings.dtype.value)
@@ -51,14 +59,15 @@ def _time_shape(settings: BenchConfig, workload: Workload, shape: Shape, ctx) ->
     batch = workload.build_batch(shape, ctx)
     for _ in range(WARMUP):
         runner(batch)
-    timer = OpTimer(ctx.device)
-    with timer:
-        for _ in range(TIMED):
+    plain, steps = [], []
+    for _ in range(TIMED):
+        plain.append(runner(batch)[1].total)
+        with OpTimer(ctx.device) as timer:
             runner(batch)
-    times = timer.times
-    for counter in (times.runs, times.work, times.seconds):
-        for op in counter:
-            counter[op] /= TIMED
+        steps.append(timer.times)
+    times = steps[0]  # the same ops and work each step
+    for op in times.seconds:
+        times.seconds[op] = statistics.median(step.seconds[op] for step in steps)
     batch = model = runner = None
     release(ctx.device)
-    return times
+    return times.scaled_to(statistics.median(plain))
