@@ -8,7 +8,7 @@ import sys
 
 from cpbench.__main__ import main
 
-# A CPU cap that keeps fold_small's chunk loops whole up to N=384, as the count's forms run them
+# A CPU cap that keeps fold_small's chunk loops whole at these N, as the count's forms run them
 # (docs/predict.md): under the default 0.03 GiB the steps run many small chunks, whose per-run costs the
 # count leaves out, and the calibration's own points came out 16-31 % under their measured steps.
 DEFAULTS = ["sweep.n_tokens=[32,64,96,128]", "probe.enabled=false", "memory.cpu_budget_gib=4"]

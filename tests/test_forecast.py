@@ -22,7 +22,7 @@ from cpbench.core.phases import SAMPLING_STEP, TRUNK
 from cpbench.measure.flops import FlopCount, count_step
 from cpbench.measure.tally import REST, Tally, merged
 from cpbench.probe.predict import fake_rank
-from cpbench.steptime.calibrate import CommPoint, fit_link, fit_ops, nonnegative_lstsq
+from cpbench.steptime.calibrate import CommPoint, fit_link, fit_ops, measured_cost, nonnegative_lstsq
 from cpbench.steptime.hardware import load_hardware
 from cpbench.steptime.model import INTER, INTRA, Hardware, Link, OpCost, rank_seconds, step_seconds
 from cpbench.steptime.op_timer import OpTimer, OpTimes
@@ -84,6 +84,11 @@ def test_the_model_prices_a_hand_computed_step():
     one_node = Hardware("one node", HAND.rates, 0.0, {INTRA: HAND.links[INTRA]}, 2, "float32")
     with pytest.raises(ValueError, match="no inter-node link"):
         rank_seconds(step, one_node, ranks_per_node=2)
+    # A calibrated op's measured runs, 1e6 FLOPs in 2 ms and 4e6 in 5 ms, and 1e9 FLOP/s beyond:
+    measured = OpCost(0.0, 1e9, ((1e6, 2e-3), (4e6, 5e-3)))
+    assert measured.seconds(2, 5e6) == pytest.approx(2 * 3.5e-3)  # 2.5e6 a run: halfway, 3.5 ms
+    assert measured.seconds(1, 6e6) == pytest.approx(5e-3 + 2e6 / 1e9)  # beyond: 2e6 more at 1e9
+    assert measured.seconds(3, 3e5) == pytest.approx(3 * 2e-3)  # below the smallest: held at 2 ms
 
 
 @pytest.mark.unit
@@ -100,8 +105,17 @@ def test_the_fits_recover_the_costs_that_made_the_times():
         points.append(times)
     ops, classes = fit_ops(points)
     for op, cost in truth.items():
-        assert ops[op].kernel_s == pytest.approx(cost.kernel_s, rel=1e-6)
+        # Each op's measured runs give back each point, and a run larger than any grows at the
+        # marginal rate between the two largest: the true rate.
+        for p in points:
+            assert ops[op].seconds(p.runs[op], p.work[op]) == pytest.approx(p.seconds[op], rel=1e-9)
+        runs, work = 100, 3 * points[-1].work[op]
         assert ops[op].per_s == pytest.approx(cost.per_s, rel=1e-6)
+        truly = runs * cost.kernel_s + work / cost.per_s
+        assert ops[op].seconds(runs, work) == pytest.approx(truly, rel=1e-9)
+    # Noise that makes a larger run look quicker is held at the smaller's time.
+    noisy = measured_cost([1, 1, 1], [1e6, 2e6, 3e6], [2e-3, 1.5e-3, 4e-3])
+    assert noisy.measured == ((1e6, 2e-3), (2e6, 2e-3), (3e6, 4e-3)) and noisy.per_s == pytest.approx(5e8)
     # Scaled to a step twice as long, each op takes twice its seconds; its runs and work stay.
     doubled = points[0].scaled_to(2 * sum(points[0].seconds.values()))
     assert doubled.seconds["aten.mm"] == pytest.approx(2 * points[0].seconds["aten.mm"])

@@ -180,8 +180,10 @@ def _forecast_text(
         lines += ["", "The real job runs a loop cpbench does not time apart: its step is not estimated."]
     if against:
         pooled = f" (each point's median over {len(against)} runs)" if len(against) > 1 else ""
+        measured = pooled_results(against)
+        rows = _against(settings, workload, hw, ranks_per_node, measured) if not measured.empty else []
         lines += ["", f"## Against the measured rows of {f.against}{pooled}", "",
-                  *_against(settings, workload, hw, ranks_per_node, pooled_results(against))]  # fmt: skip
+                  *(rows or ["No point of these runs was measured ok."])]  # fmt: skip
     if f.plan_n_tokens:
         fits = [smallest_fit(settings, workload, n, kind, hw, ranks_per_node, budget, scales, _say)
                    for n in f.plan_n_tokens for kind in ("1d", "2d")]  # fmt: skip

@@ -32,11 +32,11 @@ def nonnegative_lstsq(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return best
 
 
-# Each fit takes the largest N calibrated, this many: an op's rate on a CPU still grows with its size
-# there (fold_small, one rank: a matmul's from 25 GFLOP/s at N=128 to 33 at N=384, a layer norm's
-# from 2.3 GB/s to 2.9), so the marginal cost between the largest N is the nearest to the sizes a
-# forecast asks for. Over N=32-128, the small N's slower rates put one rank's op times at N=256-384
-# 13-18 % over the times measured there in three sets of op times; over N=96-128, 2-13 %.
+# A class's rate is fitted at the largest N calibrated, this many: an op's rate on a CPU still grows
+# with its size there (fold_small, one rank: a matmul's from 25 GFLOP/s at N=128 to 33 at N=384, a
+# layer norm's from 2.3 GB/s to 2.9), so the marginal cost between the largest N is the nearest to the
+# sizes a forecast asks for. Fitted over N=32-128, the small N's slower rates put one rank's op times
+# at N=256-384 13-18 % over the times measured there in three sets of op times; over N=96-128, 2-13 %.
 NEAREST = 2
 
 
@@ -50,18 +50,31 @@ def fit_cost(runs: Sequence[float], work: Sequence[float], seconds: Sequence[flo
     return OpCost(float(kernel), float(1 / per_unit) if per_unit > 0 else float("inf"))
 
 
+def measured_cost(runs: Sequence[float], work: Sequence[float], seconds: Sequence[float]) -> OpCost:
+    """An op's measured runs, (work, seconds) of a run at each point by work, each taking at least
+    as long as a smaller one (noise can make a larger run look quicker); beyond the largest, the
+    marginal rate between the two largest (a single run, or none faster: the largest's own rate)."""
+    by_work = sorted((w / n, s / n) for n, w, s in zip(runs, work, seconds, strict=True))
+    work_at = [float(w) for w, _ in by_work]
+    seconds_at = [float(s) for s in np.maximum.accumulate([s for _, s in by_work])]
+    w1, s1 = (work_at[-2], seconds_at[-2]) if len(by_work) > 1 else (0.0, 0.0)
+    w2, s2 = work_at[-1], seconds_at[-1]
+    rate = (w2 - w1) / (s2 - s1) if s2 > s1 and w2 > w1 else w2 / s2
+    return OpCost(0.0, rate, tuple(zip(work_at, seconds_at, strict=True)))
+
+
 def fit_ops(points: Sequence[OpTimes]) -> tuple[dict[str, OpCost], dict[str, OpCost]]:
-    """Each op's cost over the last `NEAREST` points that ran it (points in order of N), and each
-    class's over its ops' sums in the last `NEAREST` points (for an op no point ran)."""
+    """Each op's measured runs (`measured_cost`), or for an op that does no work its fixed cost over
+    the points; and each class's linear cost over its ops' sums in the last `NEAREST` points (points
+    in order of N), for an op no point ran."""
     ops = sorted({op for p in points for op in p.runs})
     flop_ops = set().union(*(p.flop_ops for p in points))
     kind = {op: op_class(op) if op in flop_ops else MEMORY for op in ops}
     costs = {}
     for op in ops:
-        seen = [p for p in points if p.seconds[op] > 0][-NEAREST:]
-        costs[op] = fit_cost(
-            [p.runs[op] for p in seen], [p.work[op] for p in seen], [p.seconds[op] for p in seen]
-        )
+        seen = [p for p in points if p.seconds[op] > 0]
+        runs, work, seconds = ([getattr(p, f)[op] for p in seen] for f in ("runs", "work", "seconds"))
+        costs[op] = measured_cost(runs, work, seconds) if all(work) else fit_cost(runs, work, seconds)
     classes = {}
     for c in sorted(set(kind.values())):
         members = [op for op in ops if kind[op] == c]

@@ -45,7 +45,14 @@ def from_dict(raw: dict[str, Any]) -> Hardware:
         name: Link(**{k: float(v) for k, v in link.items()})
         for name, link in (raw.get("links") or {}).items()
     }
-    ops = {op: OpCost(float(c["kernel_s"]), float(c["per_s"])) for op, c in (raw.get("ops") or {}).items()}
+    ops = {
+        op: OpCost(
+            float(c["kernel_s"]),
+            float(c["per_s"]),
+            tuple((float(w), float(s)) for w, s in c.get("measured", ())),
+        )
+        for op, c in (raw.get("ops") or {}).items()
+    }
     return Hardware(
         name=str(raw["name"]),
         rates={c: float(v) for c, v in raw["rates"].items()},

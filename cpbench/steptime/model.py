@@ -5,10 +5,13 @@ For each phase p and CP op label o of a rank's step, with the work counted on fa
 
     compute(p, o) = sum over aten ops a of  n_a k_a + F_a / R_a    (an op with a FLOP formula)
                                        or   n_a k_a + M_a / W_a    (any other op: memory-bound)
+                                       or   n_a t_a(F_a / n_a)     (a calibrated op's measured runs)
     comm(p, o)    = sum over collectives of  a_l + (P - 1) h_l + S / B_l
 
 n_a is the times op a runs, k_a its fixed cost (dispatch, launch); F_a its FLOPs at a rate R_a; M_a
-the bytes it reads and writes at a bandwidth W_a. An op the figures do not name takes its class's
+the bytes it reads and writes at a bandwidth W_a. t_a(w) is a calibrated op's run of work w (FLOPs
+or bytes): interpolated between its measured runs, at R_a (W_a) beyond the largest (`OpCost`). An
+op the figures do not name takes its class's
 rate (matmul, attention, convolution: FLOPs; memory: bytes) and the machine's kernel cost. For a
 collective, P is the ranks it joins (a point-to-point send: 2), whose ring takes P - 1 steps of
 latency h_l each after a start-up latency a_l; S is the bytes the rank sends (distributed/comm.py:
@@ -24,7 +27,7 @@ the benchmark (docs/budget.md's what-changed table):
     job = sum over p of  scale_p * (compute(p) + comm(p))
 
 Left out: compute overlapping communication, congestion between collectives, an op's rate varying
-with its size beyond its fixed cost, and kernels outside aten (they count no work).
+with its size beyond the sizes calibrated, and kernels outside aten (they count no work).
 """
 
 from __future__ import annotations
@@ -32,7 +35,9 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from cpbench.measure.tally import MEMORY, Span, StepTally, Tally, op_class
+import numpy as np
+
+from cpbench.measure.tally import MEMORY, Span, StepTally, Tally, merged, op_class
 
 INTRA, INTER = "intra", "inter"
 
@@ -49,10 +54,27 @@ class Link:
 
 @dataclass(frozen=True)
 class OpCost:
-    """One aten op's cost: seconds per run, and FLOPs (or bytes) per second."""
+    """One aten op's cost: seconds per run, and FLOPs (or bytes) per second. A calibrated op also
+    holds its measured runs, (work, seconds) of a run at each N calibrated, by work: a run's time is
+    interpolated between them (held at the smallest's below it), and beyond the largest grows at
+    `per_s`, the marginal rate there. On a CPU an op's rate still grows with its size over the N
+    calibrated (a matmul's from 22 to 25 GFLOP/s over N=64-128): one rate over them all puts larger
+    N over, the marginal rate at the largest puts smaller ones over (N=32 by 100 %)."""
 
     kernel_s: float
     per_s: float
+    measured: tuple[tuple[float, float], ...] = ()
+
+    def seconds(self, runs: float, work: float) -> float:
+        """Seconds of `runs` runs doing `work` in all."""
+        if not self.measured or runs == 0:
+            return runs * self.kernel_s + work / self.per_s
+        per_run = work / runs
+        largest, largest_s = self.measured[-1]
+        if per_run > largest:
+            return runs * (largest_s + (per_run - largest) / self.per_s)
+        work_at, seconds_at = zip(*self.measured, strict=True)
+        return runs * float(np.interp(per_run, work_at, seconds_at))
 
 
 @dataclass(frozen=True)
@@ -113,14 +135,26 @@ class Seconds:
         return max(by_op.items(), key=lambda item: item[1], default=("", 0.0))
 
 
-def compute_seconds(tally: Tally, hw: Hardware) -> float:
-    """Compute seconds of one tally: each op's runs at its fixed cost and its work at its rate."""
-    total = 0.0
-    for op, runs in tally.runs.items():
-        counts_flops = op in tally.flops
-        cost = hw.cost(op, counts_flops)
-        total += runs * cost.kernel_s + (tally.flops[op] if counts_flops else tally.bytes[op]) / cost.per_s
-    return total
+def _work(tally: Tally, op: str) -> float:
+    return tally.flops[op] if op in tally.flops else tally.bytes[op]
+
+
+def compute_seconds(tally: StepTally, hw: Hardware) -> dict[tuple[str, str], float]:
+    """Compute seconds of each phase and op label of a step. Each op is priced over the whole step,
+    as the calibration timed it (its runs of every size averaged), and its seconds are shared out by
+    work (by runs where it does none): priced label by label, a label's few small runs of an op fell
+    below the smallest run calibrated and took its time, and fold_small's step at N=32 came out
+    46 % over."""
+    whole = merged(tally)
+    priced = {
+        op: hw.cost(op, op in whole.flops).seconds(runs, _work(whole, op)) for op, runs in whole.runs.items()
+    }
+    seconds: dict[tuple[str, str], float] = defaultdict(float)
+    for key, part in tally.items():
+        for op, runs in part.runs.items():
+            share = _work(part, op) / _work(whole, op) if _work(whole, op) else runs / whole.runs[op]
+            seconds[key] += share * priced[op]
+    return seconds
 
 
 def comm_seconds(tally: Tally, hw: Hardware, ranks_per_node: int) -> float:
@@ -136,8 +170,9 @@ def rank_seconds(tally: StepTally, hw: Hardware, ranks_per_node: int, shared: fl
     """One rank's predicted step, by phase and op label; `shared`: ranks per device on its node (>= 1),
     which stretches all of it."""
     seconds = Seconds()
+    for key, compute in compute_seconds(tally, hw).items():
+        seconds.compute[key] += shared * compute
     for key, part in tally.items():
-        seconds.compute[key] += shared * compute_seconds(part, hw)
         seconds.comm[key] += shared * comm_seconds(part, hw, ranks_per_node)
     return seconds
 
