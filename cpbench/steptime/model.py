@@ -1,11 +1,13 @@
 """The time model: one rank's step time from its counted work (measure/tally.py) and a machine's
 figures (`Hardware`: calibrated from cpbench's own points, or a datasheet's).
 
-For each phase p and CP op label o of a rank's step, with the work counted on fake tensors:
+For each aten op a of a rank's step, and each phase p and CP op label o, with the work counted on
+fake tensors:
 
-    compute(p, o) = sum over aten ops a of  n_a k_a + F_a / R_a    (an op with a FLOP formula)
-                                       or   n_a k_a + M_a / W_a    (any other op: memory-bound)
-                                       or   n_a t_a(F_a / n_a)     (a calibrated op's measured runs)
+    compute(a)    = n_a k_a + F_a / R_a      (an op with a FLOP formula)
+                 or n_a k_a + M_a / W_a      (any other op: memory-bound)
+                 or n_a t_a(F_a / n_a)       (a calibrated op's measured runs; M_a for bytes)
+    compute(p, o) = sum over ops a of  compute(a) x (a's work in p, o) / (a's work in the step)
     comm(p, o)    = sum over collectives of  a_l + (P - 1) h_l + S / B_l
 
 n_a is the times op a runs, k_a its fixed cost (dispatch, launch); F_a its FLOPs at a rate R_a; M_a
