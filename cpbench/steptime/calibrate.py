@@ -34,9 +34,10 @@ def nonnegative_lstsq(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 # A class's rate is fitted at the largest N calibrated, this many: an op's rate on a CPU still grows
 # with its size there (fold_small, one rank: a matmul's from 25 GFLOP/s at N=128 to 33 at N=384, a
-# layer norm's from 2.3 GB/s to 2.9), so the marginal cost between the largest N is the nearest to the
-# sizes a forecast asks for. Fitted over N=32-128, the small N's slower rates put one rank's op times
-# at N=256-384 13-18 % over the times measured there in three sets of op times; over N=96-128, 2-13 %.
+# layer norm's from 2.3 GB/s at N=128 to 2.8 at N=256), so the marginal cost between the largest N
+# is the nearest to the sizes a forecast asks for. Fitted over N=32-128, the small N's slower rates
+# put one rank's op times at N=256-384 13-18 % over the times measured there in three sets of op
+# times; over N=96-128, 2-13 %.
 NEAREST = 2
 
 

@@ -22,7 +22,7 @@ from cpbench.workloads.base import Workload
 
 # Steps at each shape: the first pays one-off costs; then TIMED plain steps and TIMED op-timed ones in
 # turn. The sum of fold_small's op times over two steps at N=128 ranged over 0.99-1.19 s in six
-# calibrations within an hour, whose runs measured 1.13-1.17 s.
+# timings within an hour, where the runs measured 1.13-1.17 s.
 WARMUP, TIMED = 1, 5
 
 
