@@ -131,3 +131,82 @@ def test_where_nvml_cannot_count_a_child_process_asks_torch():
     """The fallback of `visible_gpus` (MIG devices, no NVML beside a CUDA driver, ROCm): torch's own
     count in a process of its own, 0 on this machine."""
     assert _gpus_of_child(None) == 0
+
+
+# What a watched process imports first for the autograd test: once torch has loaded, every way into
+# autograd's engine that cpbench and torch's own helpers take is wrapped to log the process it ran in
+# (pid, parent), and every os.fork logs its forker. On a GPU machine autograd's first backward asks
+# CUDA's C++ device count (cuInit) and arms its fork guard (torch/csrc/autograd/engine.cpp,
+# start_device_threads), which no Python-level CUDA check sees: on CPU the count is 0, so the calls
+# themselves are what the test watches.
+AUTOGRAD_SHIM = """
+import importlib.abc
+import importlib.machinery
+import os
+import sys
+
+
+def _log(what):
+    with open(os.environ["AUTOGRAD_WATCH_LOG"], "a") as log:
+        log.write(f"{what} {os.getpid()} {os.getppid()}\\n")
+
+
+os.register_at_fork(before=lambda: _log("fork"))
+
+
+def _wrapped(owner, name):
+    original = getattr(owner, name)
+
+    def call(*args, **kwargs):
+        _log("autograd")
+        return original(*args, **kwargs)
+
+    setattr(owner, name, call)
+
+
+class _Watch(importlib.abc.MetaPathFinder):
+    def find_spec(self, fullname, path, target=None):
+        if fullname != "torch":
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        run = spec.loader.exec_module
+
+        def exec_module(module):
+            run(module)
+            _wrapped(module.Tensor, "backward")
+            _wrapped(module.autograd, "backward")
+            _wrapped(module.autograd, "grad")
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+sys.meta_path.insert(0, _Watch())
+"""
+
+
+def test_no_process_that_forks_ranks_runs_autograd(tmp_path):
+    """A training run at cp=2 with its cp=1 baseline and the fake-tensor estimate, each launch forking
+    its ranks from the rank server: every backward (the estimate's and the peak holders' traces, the
+    FLOP counter's warm-up, the ranks' steps) runs in a rank or in a helper that forks nothing, never
+    in the launching process nor in the process the ranks fork from."""
+    shim = tmp_path / "shim"
+    shim.mkdir()
+    (shim / "sitecustomize.py").write_text(AUTOGRAD_SHIM)
+    log = tmp_path / "autograd.log"
+    path = os.pathsep.join(p for p in (str(shim), os.environ.get("PYTHONPATH")) if p)
+    env = {"PYTHONPATH": path, "AUTOGRAD_WATCH_LOG": str(log)}
+    out = tmp_path / "out"
+    probe = ["probe.enabled=true", "probe.predict=true", "probe.start=32", "probe.max_tokens=64"]
+    run = [*FAST, *probe, "probe.granularity=32", "workflow=training", "topology.cp=2",
+           "sweep.n_tokens=[32]", "baseline=true"]  # fmt: skip
+    done = cpbench(*run, f"output_dir={out}", cwd=tmp_path, timeout=300, env=env, fresh=True)
+    assert done.returncode == 0, done.stderr
+    assert set(results(out)["status"]) == {"ok"} and set(results(out)["cp"]) == {1, 2}
+    entries = [line.split() for line in log.read_text().splitlines()]
+    launcher = {pid for what, pid, parent in entries if int(parent) == os.getpid()}
+    forkers = {pid for what, pid, _ in entries if what == "fork"}
+    ran = [(pid, parent) for what, pid, parent in entries if what == "autograd"]
+    assert len(launcher) == 1, entries
+    assert {parent for _, parent in ran} & forkers, "no rank ran a backward: the shim saw nothing"
+    assert [(pid, parent) for pid, parent in ran if pid in launcher | forkers] == []

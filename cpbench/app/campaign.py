@@ -22,6 +22,7 @@ from cpbench.app.outcome import close_failed
 from cpbench.app.peak_holders import record_peak_holders
 from cpbench.app.preflight import CheckedRun, checked_run
 from cpbench.app.process import this_call
+from cpbench.app.traces import estimate
 from cpbench.checks.accuracy import MISMATCH
 from cpbench.checks.footprint import Snapshot
 from cpbench.checks.repeat import repeat_spread
@@ -130,7 +131,7 @@ def _campaign(folder: RunFolder, checked: CheckedRun, changes: list[Change], bas
             record_peak_holders(folder, settings, checked.topology, checked.workload)
             write_report(folder.root)
         if code == 0 and settings.forecast.calibrate:
-            code = calibrate(folder, settings, checked.workload) if launcher.starts_runs else _not_here()
+            code = calibrate(folder, settings) if launcher.starts_runs else _not_here()
         if code == 0 and launcher.starts_runs and settings.repeat_check:
             code = _repeat_check(spec, launcher)
         if code == 0 and launcher.starts_runs and settings.mode is Mode.accuracy:
@@ -175,7 +176,7 @@ def fake_tensor_estimate(
     """The fake-tensor estimate, made here before any process group starts (under torchrun, by each
     rank before it joins); the lock holder records it in prediction.json and prints it when alone."""
     try:
-        prediction = predict.for_run(settings, workload, topology)
+        prediction = estimate(settings, workload, topology)
     except predict.CannotTrace as err:
         then = "no estimate" if settings.probe.predict_only else "the plain probe runs"
         print(f"cpbench: probe.predict: cannot run on fake tensors: {err}; {then}", file=sys.stderr)

@@ -13,6 +13,7 @@ from typing import Any
 
 import pandas as pd
 import torch
+from hydra.utils import instantiate
 
 from cpbench.core import ConfigError, Shape, Topology
 from cpbench.measure.cap import cap_gib
@@ -21,6 +22,7 @@ from cpbench.record.run_record import Change
 from cpbench.report.cells import table
 from cpbench.results.folder import RunFolder
 from cpbench.results.pooled import pooled_comm_ops, pooled_results, run_folders
+from cpbench.runtime.fresh_process import call_in_fresh_process
 from cpbench.runtime.rank import device_type, pick_backend, threads_per_rank
 from cpbench.settings.schema import BenchConfig
 from cpbench.steptime.calibrate import CommPoint, calibrated
@@ -41,10 +43,16 @@ def _ms(seconds: float | None) -> str:
     return f"{seconds:.3g} s" if seconds >= 1 else f"{seconds * 1e3:.3g} ms"
 
 
-def calibrate(folder: RunFolder, settings: BenchConfig, workload: Workload) -> int:
+def calibrate(folder: RunFolder, settings: BenchConfig) -> int:
     """After the run: each op timed in real steps at the run's N, the link fitted to the
     collectives the run measured, the figures written to calibration.yaml and shown beside the
-    run's own steps."""
+    run's own steps. In a fresh process: this one forked the run's ranks, and real steps and the
+    count's backward would initialise CUDA here (cpbench/runtime/fresh_process.py)."""
+    return call_in_fresh_process(_calibrate, str(folder.root), settings)
+
+
+def _calibrate(root: str, settings: BenchConfig) -> int:
+    folder, workload = RunFolder(root), instantiate(settings.workload)
     pool = settings.forecast.pool
     runs = run_folders("forecast.pool", pool, [folder.root]) if pool else [folder]
     ok = pooled_results(runs)

@@ -8,8 +8,8 @@ import sys
 
 from hydra.utils import instantiate
 
+from cpbench.app.traces import holders_at
 from cpbench.core import Topology
-from cpbench.probe.predict import holders_at
 from cpbench.results.folder import RunFolder
 from cpbench.settings.identity import config_hash
 from cpbench.settings.schema import BenchConfig

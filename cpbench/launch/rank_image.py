@@ -1,5 +1,8 @@
 """What the local launcher's forkserver loads once, for every rank it forks: the rank loop (and torch
 with it) and the FLOP counter's first use, which otherwise cost each rank seconds of CPU at start.
+Nothing here runs a backward or touches a device: every rank is forked from this process, and one
+cuInit here (autograd's first backward runs one on a GPU machine) fails them all
+(cpbench/runtime/fresh_process.py).
 
 All of it is loaded outside the garbage collector and frozen (`runtime.startup.loaded`): a rank
 collects before every point (`measure.memory.release`), and walking the hundreds of thousands of

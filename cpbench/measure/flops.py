@@ -212,12 +212,15 @@ _loaded = False
 
 
 def load_counter() -> None:
-    """Count one small step, for what the counter imports and caches on its first use (tens of MiB
-    on CPU and about a second): loaded before the memory cap is set, it is part of the rank's
+    """Count one small forward, for what the counter imports and caches on its first use (tens of
+    MiB on CPU and about 2 s): loaded before the memory cap is set, it is part of the rank's
     baseline, not of the cap. Once per process; a rank forked from a process that loaded it has it.
-    What it loads lives as long as the process and is frozen out of the garbage collector, as a
-    process's imports are (`runtime.startup.loaded`): left in, torch._dynamo's objects were walked by
-    every collection after it, 0.05 s each here, and a rank collects before every point."""
+    No backward: the rank server loads this before it forks the ranks, and autograd's first backward
+    would initialise CUDA there (cpbench/runtime/fresh_process.py); a rank's first counted backward
+    then costs about 0.06 s and 3 MiB more here. What it loads lives as long as the process and is
+    frozen out of the garbage collector, as a process's imports are (`runtime.startup.loaded`): left
+    in, torch._dynamo's objects were walked by every collection after it, 0.05 s each here, and a
+    rank collects before every point."""
     global _loaded
     if _loaded:
         return
@@ -225,9 +228,9 @@ def load_counter() -> None:
     with loaded():
         import_dynamo()
         with FlopCount():
-            weight = torch.ones(8, 8, requires_grad=True)
+            weight = torch.ones(8, 8)
             mixed = torch.nn.functional.linear(weight, weight).softmax(-1)
-            torch.einsum("ij,jk->ik", mixed, weight).sum().backward()
+            torch.einsum("ij,jk->ik", mixed, weight).sum()
 
 
 def corners(groups: tuple[dict[str, int], ...]) -> list[tuple[dict[str, int], int]]:

@@ -53,7 +53,10 @@ class CannotTrace(RuntimeError):
         if "_local_scalar_dense" in op:
             detail = "a tensor's value read in Python (.item(), int(t), a data-dependent branch)"
         super().__init__(op if detail in ("", op) else f"{op}: {detail}")
-        self.op = op
+        self.op, self.detail = op, detail
+
+    def __reduce__(self) -> tuple[type, tuple[str, str]]:  # raised again in the launching process
+        return CannotTrace, (self.op, self.detail)
 
 
 @dataclass(frozen=True)
