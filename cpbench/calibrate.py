@@ -15,5 +15,5 @@ DEFAULTS = ["sweep.n_tokens=[32,64,96,128]", "probe.enabled=false", "memory.cpu_
 
 if __name__ == "__main__":
     sys.argv[1:1] = DEFAULTS
-    sys.argv.append("forecast.calibrate=true")
+    sys.argv.append("command=calibrate")
     main()

@@ -46,7 +46,7 @@ class MergeSweep(Callback):
         """submitit's own log (the Hydra submitit launchers wait through it) goes to the sweep's
         `.submitit/submitit.log`, each message once, instead of three times on the console; while a
         submitit SLURM launcher waits, each change of a job's state is one line."""
-        from cpbench.app.campaign import tell
+        from cpbench.app.ranks import tell
         from cpbench.launch.slurm import log_submitit_to, watch_hydra_jobs
 
         log_submitit_to(Path(str(config.hydra.sweep.dir)) / ".submitit" / "submitit.log")
@@ -54,7 +54,7 @@ class MergeSweep(Callback):
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         # Imported here: every Hydra run builds its callbacks, few of them end a multirun.
-        from cpbench.app.campaign import finish_deferred
+        from cpbench.app.ranks import finish_deferred
         from cpbench.report.merge import merge
 
         this_call().watching.close()

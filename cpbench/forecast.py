@@ -9,5 +9,5 @@ import sys
 from cpbench.__main__ import main
 
 if __name__ == "__main__":
-    sys.argv.append("forecast.enabled=true")
+    sys.argv.append("command=forecast")
     main()

@@ -8,5 +8,5 @@ import sys
 from cpbench.__main__ import main
 
 if __name__ == "__main__":
-    sys.argv.append("probe.predict_only=true")
+    sys.argv.append("command=predict")
     main()

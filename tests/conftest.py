@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import multiprocessing
 import os
@@ -50,21 +51,28 @@ def rank_processes() -> multiprocessing.context.BaseContext:
     return multiprocessing.get_context("forkserver")
 
 
-# Seconds each of the slowest files took (`pytest -q --durations=0 -n 3` at 26ec815, summed per file,
-# setup included): refresh when a file grows or shrinks by much. The rest take under 10 s each.
-FILE_SECONDS = {
-    "test_slurm_requeue.py": 185, "test_like_for_like.py": 100, "test_labels.py": 35, "test_phases.py": 25,
-    "test_faults.py": 80, "test_probe.py": 80, "test_pairformer_cp.py": 69,
-    "test_flops_extrapolated.py": 72, "test_slurm_nodes.py": 70, "test_slurm.py": 68,
-    "test_slurm_cluster.py": 67, "test_sweeps.py": 56, "test_fold_workload.py": 56,
-    "test_adapters.py": 50, "test_flops_runs.py": 39, "test_path_matrix_training.py": 39,
-    "test_fold_chunked.py": 38, "test_baseline.py": 37, "test_runs.py": 35, "test_inputs_complex_runs.py": 34,
-    "test_report.py": 32, "test_outputs.py": 32, "test_modes.py": 27, "test_measurement.py": 26,
-    "test_path_matrix_inference.py": 23, "test_user_paths.py": 23, "test_experiments.py": 22,
-    "test_fold_cp.py": 21, "test_rank_server.py": 17, "test_convergence.py": 17, "test_flops.py": 16,
-    "test_identity.py": 15, "test_pairformer_workload.py": 14, "test_predict.py": 14, "test_check.py": 13,
-    "test_pairformer_ops.py": 10, "test_adapter_options.py": 30, "test_adapter_example.py": 20,
-}  # fmt: skip
+# Seconds each file took in a real run of the suite (setup, call and teardown summed over its tests),
+# written by that run: `CPBENCH_DURATIONS=tests/durations.json pytest -q` (docs/development.md). A file
+# not in it (a new one) is taken as quick.
+DURATIONS = TESTS / "durations.json"
+FILE_SECONDS: dict[str, float] = json.loads(DURATIONS.read_text()) if DURATIONS.exists() else {}
+_measured: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Each test's phases, summed by file, where CPBENCH_DURATIONS asks for them (on xdist's controller
+    too, which receives every worker's reports)."""
+    if os.environ.get("CPBENCH_DURATIONS"):
+        name = Path(report.nodeid.split("::", 1)[0]).name
+        _measured[name] = _measured.get(name, 0.0) + report.duration
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """The measured durations written once, by the controller (a worker has only its own files)."""
+    target = os.environ.get("CPBENCH_DURATIONS")
+    if target and _measured and not hasattr(session.config, "workerinput"):
+        ordered = dict(sorted(((k, round(v, 1)) for k, v in _measured.items()), key=lambda kv: -kv[1]))
+        Path(target).write_text(json.dumps(ordered, indent=1) + "\n")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -87,7 +95,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.e2e)
 
     def order(item: pytest.Item) -> tuple[int, int]:
-        return (item.get_closest_marker("unit") is not None, -FILE_SECONDS.get(item.path.name, 0))
+        return (item.get_closest_marker("unit") is not None, -round(FILE_SECONDS.get(item.path.name, 0)))
 
     first: dict[Path, tuple[int, int]] = {}
     for item in items:
@@ -303,3 +311,15 @@ def two_node_cluster(tmp_path_factory):
     cluster = slurm_cluster.start(tmp_path_factory.mktemp("slurm2"), nodes=2)
     yield cluster
     cluster.stop()
+
+
+@pytest.fixture
+def clean_alloc_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    """Neither allocator variable set, and whatever the test sets undone after it (setenv records the
+    original)."""
+    from cpbench.measure.memory import ALLOC_CONF_VARS
+
+    for name in ALLOC_CONF_VARS:
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
+    return monkeypatch

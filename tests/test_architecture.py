@@ -89,3 +89,46 @@ def test_the_report_renders_records_and_imports_nothing_that_measures():
     wrong = [(m, n) for m, names in _imports().items() if _room(m) == "report" for n in names
              if _room(n) not in allowed]  # fmt: skip
     assert not wrong
+
+
+# Every room of the package (each folder, each top-level module) in its layer's order, the lowest
+# first: a room imports only rooms before it. A new folder is placed here, or this test fails.
+LAYERS = (
+    "cpbench",  # the package's own __init__
+    "core",
+    "torch_compat",
+    "results",
+    "inputs",
+    "runtime",
+    "distributed",
+    "settings",
+    "models",
+    "sweep",
+    "record",
+    "workloads",
+    "report",
+    "measure",
+    "experiment",
+    "probe",
+    "checks",
+    "steptime",
+    "preview",
+    "check",
+    "reference_curves",
+    "rank",
+    "launch",
+    "app",
+    "callbacks",
+    "__main__",
+    "calibrate",
+    "predict",
+    "forecast",
+)
+
+
+def test_every_room_has_its_layer_and_imports_only_rooms_below_it():
+    graph = _imports()
+    assert {_room(m) for m in graph} == set(LAYERS)
+    rank = {room: i for i, room in enumerate(LAYERS)}
+    upward = [(m, n) for m, names in graph.items() for n in names if rank[_room(n)] > rank[_room(m)]]
+    assert not upward

@@ -14,7 +14,15 @@ from cpbench.core import Shape
 from cpbench.launch.torchrun import SHARED_STORE
 from cpbench.measure.cap import CPU_CREEP_GIB, Cap
 from cpbench.measure.point import PointSettings
-from cpbench.preview.budget import Step, Work, estimate, fit_budget, fixed_part, probe_trials, step_seconds
+from cpbench.preview.budget import (
+    PilotStep,
+    PlannedWork,
+    estimate,
+    fit_budget,
+    fixed_part,
+    probe_trials,
+    step_seconds,
+)
 from cpbench.probe.search import SearchConfig, Trial
 from cpbench.settings.schema import ProbeConfig
 
@@ -23,8 +31,8 @@ def _points(*ns: int) -> tuple[Shape, ...]:
     return tuple(Shape(n_tokens=n, n_atoms=9 * n, msa_depth=16) for n in ns)
 
 
-STEP = Step(n=64, seconds=1.0)  # 1 s at N=64, 4 s at N=128, 16 s at N=256
-WORK = Work(points=_points(64, 128, 256), warmup=3, repeats=5)  # 8 steps a point: 8 x 21 = 168 s
+STEP = PilotStep(n=64, seconds=1.0)  # 1 s at N=64, 4 s at N=128, 16 s at N=256
+WORK = PlannedWork(points=_points(64, 128, 256), warmup=3, repeats=5)  # 8 steps a point: 8 x 21 = 168 s
 
 
 def test_the_estimate_scales_the_step_by_n_squared():
@@ -34,10 +42,10 @@ def test_the_estimate_scales_the_step_by_n_squared():
 def test_each_measured_point_and_the_edge_pay_a_flop_count():
     """The count walks one pass of each repeated loop on fake tensors: about the same at every N, and
     paid by every point and by the probe's full measurement at its edge, never by a probe step."""
-    counted = Step(n=64, seconds=1.0, count_s=2.5)
+    counted = PilotStep(n=64, seconds=1.0, count_s=2.5)
     assert estimate(WORK, counted) == (168.0 + 3 * 2.5, 0)
     steps_at_64_and_128 = SearchConfig(ProbeConfig(start=64, granularity=64, max_tokens=128))
-    probe = Work((), 1, 2, steps_at_64_and_128)
+    probe = PlannedWork((), 1, 2, steps_at_64_and_128)
     assert estimate(probe, counted)[0] == estimate(probe, STEP)[0] + 2.5
     assert fit_budget(WORK, counted, 3, 3).summary(3, counted) == (
         "plan: 3 point(s) x (3 warm-up + 5 repeats) x ~1 s at N=64 (x (N/64)^2) + ~2.5 s a FLOP count "
@@ -72,15 +80,15 @@ def test_repeats_stop_at_the_floor_then_points_go_the_largest_kept():
 
 def test_a_coarser_probe_granularity_is_the_last_cut():
     search = SearchConfig(ProbeConfig(start=128, granularity=16), budget_gib=1.0)
-    work = Work(points=_points(64), warmup=1, repeats=2, probe=search, measure_at_max=False)
-    step = Step(n=64, seconds=0.01, peak_gib=0.26, baseline_gib=0.2)  # 1 GiB is reached near N=234
+    work = PlannedWork(points=_points(64), warmup=1, repeats=2, probe=search, measure_at_max=False)
+    step = PilotStep(n=64, seconds=0.01, peak_gib=0.26, baseline_gib=0.2)  # 1 GiB is reached near N=234
     fine, coarse = (
         probe_trials(search, step),
         probe_trials(SearchConfig(ProbeConfig(start=128, granularity=64), budget_gib=1.0), step),
     )
     assert len(coarse) < len(fine)
     coarser = SearchConfig(ProbeConfig(start=128, granularity=64), budget_gib=1.0)
-    minutes = estimate(Work(_points(64), 1, 2, coarser, measure_at_max=False), step)[0] / 60
+    minutes = estimate(PlannedWork(_points(64), 1, 2, coarser, measure_at_max=False), step)[0] / 60
     verdict = fit_budget(work, step, minutes, min_repeats=2)
     assert verdict.refusal is None and verdict.cuts == ("probe.granularity 16 -> 64",)
     assert verdict.probe_steps == len(coarse)
@@ -91,9 +99,11 @@ def test_a_step_that_reads_below_its_baseline_predicts_no_peak_and_counts_one_ra
     negative share never reaches the cap, and the search ran to its 64-step guard (a plan of ~3e+37 min,
     refused). No prediction instead: one ramp step, as with no cap."""
     search = SearchConfig(ProbeConfig(start=64, granularity=64), budget_gib=1.0)
-    step = Step(n=16, seconds=1.0, peak_gib=0.199, baseline_gib=0.2)
+    step = PilotStep(n=16, seconds=1.0, peak_gib=0.199, baseline_gib=0.2)
     assert [t.n for t in probe_trials(search, step)] == [64]
-    verdict = fit_budget(Work(_points(16), 1, 2, search, measure_at_max=False), step, 600, min_repeats=2)
+    verdict = fit_budget(
+        PlannedWork(_points(16), 1, 2, search, measure_at_max=False), step, 600, min_repeats=2
+    )
     assert verdict.refusal is None and verdict.probe_steps == 1
 
 
@@ -109,7 +119,7 @@ def test_the_points_peaks_keep_the_fixed_part_from_growing_with_n():
     search = SearchConfig(ProbeConfig(start=128, granularity=16), budget_gib=0.254 + 0.05)  # absolute
     edge = {}
     for kept in (0.0, fixed):
-        step = Step(n=128, seconds=1.0, peak_gib=0.254 + 0.0259, baseline_gib=0.254, fixed_gib=kept)
+        step = PilotStep(n=128, seconds=1.0, peak_gib=0.254 + 0.0259, baseline_gib=0.254, fixed_gib=kept)
         edge[kept] = max(t.n for t in probe_trials(search, step) if t.fits)
     assert 160 <= edge[0.0] <= 180 and 190 <= edge[fixed] <= 215, edge
 
@@ -119,13 +129,13 @@ def test_the_probe_is_counted_from_the_walltime_points_it_starts_from():
     (a quadratic through three peaks), and none is stepped again. Counted without them, the search
     stepped its start N and bisected blind: fold_small's cp=2 probe planned 7 steps and took 2."""
     search = SearchConfig(ProbeConfig(start=128, granularity=16), budget_gib=0.254 + 0.05)
-    step = Step(n=128, seconds=1.0, peak_gib=0.254 + 0.0259, baseline_gib=0.254, fixed_gib=0.0099)
+    step = PilotStep(n=128, seconds=1.0, peak_gib=0.254 + 0.0259, baseline_gib=0.254, fixed_gib=0.0099)
     seeds = tuple(Trial(n, fits=True, status="ok", point=True) for n in (32, 64, 128))  # to be measured
     seeded = [t for t in probe_trials(search, step, seeds) if not t.point]
     blind = probe_trials(search, step)
     assert not {t.n for t in seeded} & {32, 64, 128} and 128 in {t.n for t in blind}
     assert len(seeded) < len(blind)
-    work = Work((), 3, 5, search, measure_at_max=False, probe_seeds=seeds)
+    work = PlannedWork((), 3, 5, search, measure_at_max=False, probe_seeds=seeds)
     assert estimate(work, step) == (sum(step_seconds(step, t.n) for t in seeded), len(seeded))
     # A point the budget drops is no trial of the probe's either.
     trimmed = fit_budget(replace(work, points=_points(32, 64, 128)), step, 0.05, min_repeats=5)
@@ -140,7 +150,7 @@ def test_the_probe_is_counted_from_the_walltime_points_it_starts_from():
     assert probe_trials(search, step, measured)[3].n == 256
     # An edge at a walltime point's N is measured already: the estimate counts no measurement there.
     low = replace(search, budget_gib=0.254 + 0.0262)  # N=128 fits, 144 does not
-    at_point = Work((), 3, 5, low, measure_at_max=True, probe_seeds=measured)
+    at_point = PlannedWork((), 3, 5, low, measure_at_max=True, probe_seeds=measured)
     [over] = [t for t in probe_trials(low, step, measured) if not t.point]
     assert (over.n, over.fits) == (144, False)
     assert estimate(at_point, step) == (step_seconds(step, 144), 1)

@@ -24,7 +24,7 @@ from cpbench.experiment.plan import (
     winner,
 )
 from cpbench.experiment.runner import PlanRun
-from cpbench.experiment.verdict import Change, drift_pct, judge, judge_max_n, median_change
+from cpbench.experiment.verdict import WalltimeChange, drift_pct, judge, judge_max_n, median_change
 from cpbench.measure.stats import RepeatTiming, first_step_ms, repeat_totals_ms
 from cpbench.settings.schema import register
 
@@ -149,10 +149,12 @@ def test_the_walltime_change_and_its_interval_are_seeded_and_judged_against_the_
 
 def test_a_change_smaller_than_the_references_drift_or_the_tolerance_is_within_noise():
     assert drift_pct([10.0], [12.0]) == pytest.approx(100 * 2 / 11)
-    assert judge(Change(pct=-5.0, low=-6.0, high=-4.0, drift_pct=8.0)) == NOISE
-    assert judge(Change(pct=-5.0, low=-6.0, high=-4.0, drift_pct=1.0)) == BETTER
-    assert judge(Change(pct=-5.0, low=-6.0, high=-4.0, drift_pct=1.0), tolerance_pct=6.0) == NOISE
-    assert judge(Change(pct=-5.0, low=-9.0, high=0.5, drift_pct=0.0)) == NOISE  # the interval spans zero
+    assert judge(WalltimeChange(pct=-5.0, low=-6.0, high=-4.0, drift_pct=8.0)) == NOISE
+    assert judge(WalltimeChange(pct=-5.0, low=-6.0, high=-4.0, drift_pct=1.0)) == BETTER
+    assert judge(WalltimeChange(pct=-5.0, low=-6.0, high=-4.0, drift_pct=1.0), tolerance_pct=6.0) == NOISE
+    assert (
+        judge(WalltimeChange(pct=-5.0, low=-9.0, high=0.5, drift_pct=0.0)) == NOISE
+    )  # the interval spans zero
 
 
 def test_max_n_is_judged_against_both_reference_measurements():

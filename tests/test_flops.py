@@ -89,9 +89,9 @@ def test_datasheet_peaks(name, precision, tflops):
     assert peaks.DENSE_TFLOPS[device][precision] == tflops
 
 
-@pytest.mark.parametrize("name", ["NVIDIA GH200 480GB", "NVIDIA L40S", "NVIDIA H100"])
+@pytest.mark.parametrize("name", ["NVIDIA H800 PCIe", "NVIDIA L40S", "NVIDIA H100"])
 def test_an_unknown_device_gets_no_peak_and_one_line(name):
-    """A GH200 is not an H200, nor a bare "H100" an SXM: no other device's figure, ever."""
+    """An H800 is not an H100, nor a bare "H100" an SXM: no other device's figure, ever."""
     peak = peaks.peak_of("cuda", name, "bfloat16", "highest", None)
     assert peak.tflops is None and name in peak.source and "measure.peak_tflops" in peak.source
     assert peaks.peak_of("cuda", name, "bfloat16", "highest", 123.0).tflops == 123.0
@@ -162,11 +162,11 @@ def test_scaling_is_named_by_whether_ranks_share_the_machine():
 
 
 def test_an_unknown_device_leaves_the_mfu_blank_with_one_line():
-    unknown = peaks.peak_of("cuda", "NVIDIA GH200 480GB", "bfloat16", "highest", None).as_json()
+    unknown = peaks.peak_of("cuda", "NVIDIA L40S", "bfloat16", "highest", None).as_json()
     lines = efficiency_lines(_rows(None), {"run": {"backend": "nccl", "cuda": "12.8", "peak": unknown}})
     said = [line for line in lines if "unknown device" in line]
     assert said == [
-        "MFU is blank: unknown device 'NVIDIA GH200 480GB': no datasheet peak (set measure.peak_tflops)."
+        "MFU is blank: unknown device 'NVIDIA L40S': no datasheet peak (set measure.peak_tflops)."
     ]
     table = [line for line in lines if line.startswith("| 1d |")]
     assert table and all(line.split(" | ")[7] == "" for line in table)  # the MFU cell

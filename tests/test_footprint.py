@@ -22,11 +22,11 @@ def test_snapshot_sees_new_changed_and_git_status_outside_the_output_dir(tmp_pat
     out.mkdir()
     before = Snapshot.take(tmp_path, (out,))
     (out / "results.csv").write_text("inside the run's folder")
-    assert before.compare()["left"] == []
-    assert "git status is unchanged" in before.compare()["line"]
+    assert before.compare().left == ()
+    assert "git status is unchanged" in before.compare().line
     (tmp_path / "stray.txt").write_text("b")
     (tmp_path / "kept.txt").write_text("changed")
-    left = before.compare()["left"]
+    left = before.compare().left
     assert "stray.txt (new)" in left and "kept.txt (changed)" in left
     assert "git status: +?? stray.txt" in left
 

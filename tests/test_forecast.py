@@ -280,14 +280,14 @@ def test_calibrate_then_forecast_through_their_entry_points(tmp_path):
 @pytest.mark.unit
 def test_a_forecast_without_figures_or_with_bad_settings_is_refused(tmp_path):
     out = f"output_dir={tmp_path / 'f'}"
-    proc = refused("forecast.enabled=true", out, cwd=tmp_path)
+    proc = refused("command=forecast", out, cwd=tmp_path)
     assert proc.returncode == 2 and "forecast.hardware: name a preset" in proc.stderr
-    figures = ("forecast.enabled=true", "forecast.hardware=h100_sxm", out)
+    figures = ("command=forecast", "forecast.hardware=h100_sxm", out)
     proc = refused(*figures, f"forecast.against={tmp_path / 'nowhere'}", cwd=tmp_path)
     assert proc.returncode == 2 and "no results.csv there" in proc.stderr
     proc = refused(*figures, f"forecast.pool={tmp_path}", cwd=tmp_path)
     assert proc.returncode == 2 and "forecast.pool: the runs a calibration pools" in proc.stderr
-    proc = refused("forecast.calibrate=true", f"forecast.pool={tmp_path / 'cal*'}", out, cwd=tmp_path)
+    proc = refused("command=calibrate", f"forecast.pool={tmp_path / 'cal*'}", out, cwd=tmp_path)
     assert proc.returncode == 2 and "no results.csv there" in proc.stderr
     proc = refused(*figures, "forecast.plan_max_cp=0", cwd=tmp_path)
     assert proc.returncode == 2 and "forecast.plan_max_cp=0: must be > 0" in proc.stderr

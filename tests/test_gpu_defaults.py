@@ -7,7 +7,7 @@ import pytest
 from hydra import compose, initialize_config_module
 
 from cpbench.core import Shape
-from cpbench.preview.budget import Step, Work, budget_minutes, fit_budget
+from cpbench.preview.budget import PilotStep, PlannedWork, budget_minutes, fit_budget
 from cpbench.settings.schema import register
 
 pytestmark = pytest.mark.unit  # in-process: the fast lane (pytest -m unit)
@@ -37,8 +37,8 @@ def test_the_default_run_keeps_its_8_minutes_on_cpu_and_has_none_on_cuda():
 def test_an_af3_size_plan_is_refused_by_the_cpu_budget_and_runs_whole_under_the_cuda_default():
     """A fold step of 40 s at N=512 on one GPU; 3 points to N=2048 (x16 a step there), 3 warm-up and
     5 timed steps each: 8 minutes cannot hold even the least the job allows, the CUDA default holds it."""
-    work = Work(tuple(Shape(n, 9 * n, 16) for n in (512, 1024, 2048)), warmup=3, repeats=5)
-    step = Step(n=512, seconds=40.0)
+    work = PlannedWork(tuple(Shape(n, 9 * n, 16) for n in (512, 1024, 2048)), warmup=3, repeats=5)
+    step = PilotStep(n=512, seconds=40.0)
     minutes, cuda_minutes = _default_budget()
     assert fit_budget(work, step, budget_minutes(minutes, cuda_minutes, "cpu"), 3).refusal
     verdict = fit_budget(work, step, budget_minutes(minutes, cuda_minutes, "cuda"), 3)

@@ -62,15 +62,6 @@ def test_nvml_used_memory_is_none_for_a_device_it_cannot_read():
     assert nvml.used_gib("00000000-0000-0000-0000-000000000000") is None
 
 
-@pytest.fixture
-def clean_alloc_env(monkeypatch):
-    """Neither variable set, and whatever the test sets undone after it (setenv records the original)."""
-    for name in memory.ALLOC_CONF_VARS:
-        monkeypatch.setenv(name, "")
-        monkeypatch.delenv(name)
-    return monkeypatch
-
-
 @pytest.mark.unit
 def test_alloc_conf_sets_both_names_and_null_leaves_the_environment(clean_alloc_env):
     memory.set_alloc_conf(None)

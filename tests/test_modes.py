@@ -25,6 +25,7 @@ from cpbench.core import ConfigError, Shape, Topology
 from cpbench.measure.point import PointSettings, measure_point
 from cpbench.measure.stats import settled, spread_wide
 from cpbench.measure.step import StepRunner
+from cpbench.record.run_record import RepeatCheck, Spread
 from cpbench.results.folder import RunFolder
 from cpbench.runtime.rank import rank_runtime
 from cpbench.settings.cp1 import cp1_settings
@@ -95,10 +96,8 @@ def test_the_reference_is_the_same_config_on_one_rank_and_its_tolerance():
 
 
 def test_spread_is_the_range_and_its_share_of_the_median():
-    assert spread([10.0, 12.0, 11.0]) == pytest.approx(
-        {"min": 10, "max": 12, "spread": 2, "relative": 2 / 11}
-    )
-    assert spread([0.0, 0.0]) == {"min": 0.0, "max": 0.0, "spread": 0.0, "relative": 0.0}
+    assert spread([10.0, 12.0, 11.0]) == Spread(10, 12, 2, pytest.approx(2 / 11))
+    assert spread([0.0, 0.0]) == Spread(0.0, 0.0, 0.0, 0.0)
 
 
 def test_repeat_spread_takes_points_ok_in_every_run_of_the_config():
@@ -112,12 +111,14 @@ def test_repeat_spread_takes_points_ok_in_every_run_of_the_config():
         return pd.DataFrame(rows)
 
     check = repeat_spread([frame(10.0, 3.0), frame(12.0, 3.0), frame(11.0, 3.0)], "h")
-    assert [p["N_tokens"] for p in check["points"]] == [16, 32]
-    assert check["points"][0]["walltime_ms"] == pytest.approx(spread([10, 12, 11]))
-    assert "loss" not in check["points"][0]  # blank: not a figure of this run
-    assert check["tolerance"] == pytest.approx({"walltime_ms": 2 / 11, "checksum": 0.0})
+    assert [p.n_tokens for p in check.points] == [16, 32]
+    assert check.points[0].figures["walltime_ms"] == spread([10, 12, 11])
+    assert check.points[0].figures["walltime_ms"].relative == pytest.approx(2 / 11)
+    assert "loss" not in check.points[0].figures  # blank: not a figure of this run
+    assert check.tolerance == pytest.approx({"walltime_ms": 2 / 11, "checksum": 0.0})
+    assert RepeatCheck.from_json(check.to_json()) == check  # as run.json keeps it
     check = repeat_spread([frame(10.0, 3.0), frame(12.0, 3.0, status="oom")], "h")
-    assert [p["N_tokens"] for p in check["points"]] == [32]
+    assert [p.n_tokens for p in check.points] == [32]
 
 
 @pytest.mark.parametrize(

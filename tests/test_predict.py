@@ -113,7 +113,7 @@ class _CustomKernel:
 
 
 def test_an_op_without_a_fake_implementation_falls_back_naming_it(capsys):
-    from cpbench.app.campaign import fake_tensor_estimate
+    from cpbench.app.traces import fake_tensor_estimate
 
     settings = BenchConfig(workload=None, output_dir="unused")
     settings.memory.budget_gib, settings.probe.enabled, settings.probe.predict = 1.0, True, True
@@ -206,13 +206,13 @@ def test_a_predicted_probe_records_predicted_beside_measured(guided_run):
     assert "probe.predict: max N_tokens" in proc.stderr
 
 
-def test_predict_only_prints_the_estimate_and_runs_no_step(tmp_path):
+def test_the_predict_command_prints_the_estimate_and_runs_no_step(tmp_path):
     args = [
         "topology.kind=2d",
         "topology.cp=4",
         "memory.budget_gib=0.02",
         "probe.start=128",
-        "probe.predict_only=true",
+        "command=predict",
     ]
     proc = ok(cpbench(*args, *FAST, f"output_dir={tmp_path}", cwd=tmp_path, timeout=120))
     assert "predicted max N_tokens:" in proc.stdout and "assumes:" in proc.stdout

@@ -19,7 +19,8 @@ PROBE = ["sweep.n_tokens=[16]", "probe.enabled=true", "probe.start=64", "probe.g
 
 
 def probe_trials(out) -> pd.DataFrame:
-    return pd.read_csv(out / "probe.csv")
+    """probe.csv as read back: `failure` is text, blank on a fit (read alone it would be float)."""
+    return pd.read_csv(out / "probe.csv", dtype={"failure": "string"})
 
 
 def max_fit(out) -> pd.Series:

@@ -5,7 +5,6 @@ predicts step and job times from figures without starting a rank (forecast.md)."
 from __future__ import annotations
 
 import os
-import statistics
 import sys
 from collections.abc import Sequence
 from datetime import date
@@ -15,11 +14,12 @@ import pandas as pd
 import torch
 from hydra.utils import instantiate
 
+from cpbench.app.invocation import Invocation
+from cpbench.app.measure import measure
 from cpbench.core import ConfigError, Shape, Topology
 from cpbench.measure.cap import cap_gib
 from cpbench.record.metadata import cpu_model
-from cpbench.record.run_record import Change
-from cpbench.report.cells import table
+from cpbench.report.forecast import against_table, forecast_table, planning_table
 from cpbench.results.folder import RunFolder
 from cpbench.results.pooled import pooled_comm_ops, pooled_results, run_folders
 from cpbench.runtime.fresh_process import call_in_fresh_process
@@ -28,8 +28,8 @@ from cpbench.settings.schema import BenchConfig
 from cpbench.steptime.calibrate import CommPoint, calibrated
 from cpbench.steptime.hardware import hardware_text, load_hardware
 from cpbench.steptime.model import Hardware
-from cpbench.steptime.predicted import Forecast, SmallestFit, forecast_at, phase_scales, smallest_fit
-from cpbench.steptime.timed_steps import time_ops
+from cpbench.steptime.predicted import forecast_at, phase_scales, smallest_fit
+from cpbench.steptime.timed_steps import at_run_speed, time_ops
 from cpbench.workloads.base import Workload
 
 
@@ -37,18 +37,18 @@ def _say(line: str) -> None:
     print(f"cpbench: {line}", file=sys.stderr)
 
 
-def _ms(seconds: float | None) -> str:
-    if seconds is None:
-        return "not estimated"
-    return f"{seconds:.3g} s" if seconds >= 1 else f"{seconds * 1e3:.3g} ms"
-
-
-def calibrate(folder: RunFolder, settings: BenchConfig) -> int:
-    """After the run: each op timed in real steps at the run's N, the link fitted to the
-    collectives the run measured, the figures written to calibration.yaml and shown beside the
-    run's own steps. In a fresh process: this one forked the run's ranks, and real steps and the
-    count's backward would initialise CUDA here (cpbench/runtime/fresh_process.py)."""
-    return call_in_fresh_process(_calibrate, str(folder.root), settings)
+def calibrate(call: Invocation) -> int:
+    """`python -m cpbench.calibrate`: the run, then each op timed in real steps at the run's N, the
+    link fitted to the collectives the run measured, the figures written to calibration.yaml and
+    shown beside the run's own steps. The calibration runs in a fresh process: this one forked the
+    run's ranks, and real steps and the count's backward would initialise CUDA here
+    (cpbench/runtime/fresh_process.py)."""
+    if not call.run.launcher.starts_runs:
+        print("cpbench: error: python -m cpbench.calibrate starts its own ranks: run it without torchrun",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    code = measure(call)
+    return code or call_in_fresh_process(_calibrate, str(call.folder.root), call.run.settings)
 
 
 def _calibrate(root: str, settings: BenchConfig) -> int:
@@ -61,14 +61,10 @@ def _calibrate(root: str, settings: BenchConfig) -> int:
         return 1
     shapes = sorted({_shape(r) for r in ok.itertuples()}, key=lambda s: s.n_tokens)
     timed = time_ops(settings, workload, shapes, _say)
-    # The op-timed steps ran in one minute, the run's over many: one factor, the median over N of
-    # the run's cp=1 step over this process's plain step, takes them to the run's speed.
     alone = {_shape(r): r.walltime_ms / 1e3 for r in ok.itertuples() if r.cp == 1}
-    ratios = [alone[s] / t.step_s for s, t in zip(shapes, timed, strict=True) if s in alone]
-    drift = statistics.median(ratios) if ratios else 1.0
+    timed, ratios = at_run_speed(dict(zip(shapes, timed, strict=True)), alone)
     if ratios:
         _say(f"calibrate: the run's cp=1 steps over the steps here: {', '.join(f'{r:.3f}' for r in ratios)}")
-    timed = [t.scaled_to(t.step_s * drift) for t in timed]
     ops = pooled_comm_ops(runs)
     comm = [CommPoint(o.calls, o.fwd_bytes + o.bwd_bytes, o.seconds) for o in ops.itertuples() if o.cp > 1]
     on = device_type(pick_backend(settings.dist.backend))
@@ -105,39 +101,21 @@ def workload_name(settings: BenchConfig) -> str:
 def _against(settings: BenchConfig, workload: Workload, hw: Hardware, ranks_per_node: int,
              rows: pd.DataFrame) -> list[str]:  # fmt: skip
     """Each measured row of a run beside its prediction: the error the figures make there."""
-    body = []
+    measured = []
     for r in rows.sort_values(["topology", "cp", "N_tokens"]).itertuples():
         grid = [int(x) for x in str(r.grid).split("x")] if r.topology == "2d" else None
         topology = Topology.from_config(r.topology, int(r.cp), grid)
         budget = r.budget_gib if pd.notna(r.budget_gib) else None  # the row's cap: its chunks
-        predicted = forecast_at(
-            settings, workload, topology, int(r.N_tokens), hw, ranks_per_node, None, budget
-        )
-        s = predicted.seconds
-        measured = r.walltime_ms / 1e3
-        comm = "" if pd.isna(r.comm_ms) else _ms(r.comm_ms / 1e3)
-        error = f"{s.total / measured - 1:+.1%}"
-        where = f"{r.topology} cp={r.cp}"
-        body.append(
-            (
-                where,
-                r.N_tokens,
-                _ms(measured),
-                comm,
-                _ms(s.total),
-                _ms(s.comm_total),
-                error,
-                f"{predicted.shared:g}",
-                f"{r.runs} ({r.walltime_spread:.0%})" if r.runs > 1 else "1",
-            )
-        )
-    return table(["topology", "N_tokens", "measured step", "measured comm", "predicted step",
-                  "predicted comm", "error", "ranks per device", "runs (spread)"], body)  # fmt: skip
+        n = int(r.N_tokens)
+        measured.append((r, forecast_at(settings, workload, topology, n, hw, ranks_per_node, None, budget)))
+    return against_table(measured)
 
 
-def forecast(folder: RunFolder, settings: BenchConfig, workload: Workload, changes: Sequence[Change]) -> int:
-    """The predicted steps at forecast.n_tokens x forecast.cp, the measured rows of
-    forecast.against beside theirs, and the planning table; printed and kept in forecast.md."""
+def forecast(call: Invocation) -> int:
+    """`python -m cpbench.forecast`: the predicted steps at forecast.n_tokens x forecast.cp, the
+    measured rows of forecast.against beside theirs, and the planning table; printed and kept in
+    forecast.md. No rank starts."""
+    folder, settings, workload = call.folder, call.run.settings, call.run.workload
     f = settings.forecast
     try:
         if f.hardware is None:
@@ -151,7 +129,7 @@ def forecast(folder: RunFolder, settings: BenchConfig, workload: Workload, chang
         print(f"cpbench: error: {err}", file=sys.stderr)
         return 2
     budget = settings.memory.budget_gib or hw.memory_gib or cap_gib(settings.memory, "cpu")
-    scales = phase_scales({c.setting: c.scale for c in changes if c.scale})
+    scales = phase_scales({c.setting: c.scale for c in call.changes if c.scale})
     try:
         text = _forecast_text(settings, workload, hw, ranks_per_node, topologies, budget, scales, against)
     except ValueError as err:  # figures the machine does not have (a link between nodes)
@@ -183,7 +161,7 @@ def _forecast_text(
         for n in f.n_tokens or settings.sweep.n_tokens:
             _say(f"forecast: counting {topology.kind} cp={topology.cp} at N={n}")
             forecasts.append(forecast_at(settings, workload, topology, n, hw, ranks_per_node, scales, budget))
-    lines += ["", "## Predicted step", "", *_forecast_table(forecasts)]
+    lines += ["", "## Predicted step", "", *forecast_table(forecasts)]
     if scales is None:
         lines += ["", "The real job runs a loop cpbench does not time apart: its step is not estimated."]
     if against:
@@ -196,45 +174,5 @@ def _forecast_text(
         fits = [smallest_fit(settings, workload, n, kind, hw, ranks_per_node, budget, scales, _say)
                    for n in f.plan_n_tokens for kind in ("1d", "2d")]  # fmt: skip
         lines += ["", f"## Planning table ({budget:g} GiB a rank, CP sizes up to {f.plan_max_cp})", "",
-                  *_planning_table(fits)]  # fmt: skip
+                  *planning_table(fits)]  # fmt: skip
     return "\n".join(lines) + "\n"
-
-
-def _forecast_table(forecasts: Sequence[Forecast]) -> list[str]:
-    body = []
-    for fc in forecasts:
-        s = fc.seconds
-        held, comm_held = s.dominant("compute"), s.dominant("comm")
-        where, share = f"{fc.topology.kind} cp={fc.topology.cp}", f"{s.comm_total / s.total:.0%}"
-        compute, comm = _ms(s.total - s.comm_total), _ms(s.comm_total)
-        comm_op = comm_held[0] if comm_held[1] else ""
-        body.append(
-            (
-                where,
-                fc.n_tokens,
-                _ms(s.total),
-                compute,
-                comm,
-                share,
-                held[0],
-                comm_op,
-                _ms(fc.job_s),
-                f"{fc.shared:g}",
-            )
-        )
-    return table(["topology", "N_tokens", "step", "compute", "comm", "comm share", "compute held by",
-                  "comm held by", "real job's step", "ranks per device"], body)  # fmt: skip
-
-
-def _planning_table(fits: Sequence[SmallestFit]) -> list[str]:
-    body = []
-    for p in fits:
-        if p.forecast is None:
-            body.append((p.n_tokens, p.kind, "none fits", "", "", "", ""))
-            continue
-        fc = p.forecast
-        s, at = fc.seconds, f"cp={fc.topology.cp} ({fc.topology.label})"
-        share = f"{s.comm_total / s.total:.0%}"
-        body.append((fc.n_tokens, p.kind, at, f"{p.peak_gib:.1f}", _ms(s.total), _ms(fc.job_s), share))
-    return table(["N_tokens", "topology", "smallest CP size that fits", "peak GiB a rank", "step",
-                  "real job's step", "comm share"], body)  # fmt: skip

@@ -15,6 +15,7 @@ from cpbench.app.campaign import run
 from cpbench.app.outcome import close_failed
 from cpbench.launch.registry import leads_here
 from cpbench.launch.slurm import hydra_job_turn
+from cpbench.measure.oom import classify
 from cpbench.results.folder import RunFolder
 
 
@@ -51,5 +52,5 @@ def run_job(cfg: DictConfig, job_dir: Path) -> None:
         if leads_here():
             close_failed(folder, cp, "error", error, 1, detail, first=True)
         else:
-            folder.record_failure(1, error, detail, first=True, cp=cp)
+            folder.record_failure(1, error, detail, first=True, cp=cp, failure=classify(error))
         print(f"cpbench: job failed: {error}", file=sys.stderr)

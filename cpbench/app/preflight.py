@@ -4,17 +4,18 @@ so that a bad input is one line and exit 2 with nothing started."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
+from cpbench.app.commands import COMMANDS
+from cpbench.app.invocation import CheckedRun
 from cpbench.core import ConfigError, Topology
 from cpbench.launch.base import Launcher
 from cpbench.launch.registry import launcher_for
 from cpbench.results.pooled import run_folders
+from cpbench.runtime.rank import check_socket_ifname
 from cpbench.settings.schema import BenchConfig, Mode, Workflow
 from cpbench.settings.validate import to_settings, validate
 from cpbench.workloads.adapter import FoldCPAdapter, WorkloadError
@@ -66,23 +67,15 @@ def _build_workload(settings: BenchConfig) -> Workload:
         ) from None
 
 
-@dataclass(frozen=True)
-class CheckedRun:
-    """A run that may start: its typed settings, topology, workload, and the launcher of its ranks."""
-
-    settings: BenchConfig
-    topology: Topology
-    workload: Workload
-    launcher: Launcher
-
-
 def checked_run(cfg: DictConfig, in_sweep: bool = False) -> CheckedRun:
     """The run of `cfg` (`in_sweep`: a job of a multirun), or a ConfigError naming what is wrong."""
     settings = to_settings(cfg)
     topology = validate(settings)
     launcher = launcher_for(settings, in_sweep)
-    # The estimate or the forecast alone: no ranks.
-    launcher.validate(topology, ranks_run=not (settings.probe.predict_only or settings.forecast.enabled))
+    ranks_run = COMMANDS[settings.command].starts_ranks
+    launcher.validate(topology, ranks_run=ranks_run)
+    if ranks_run and launcher.runs_here:  # a SLURM job's ranks check their own nodes' interfaces
+        check_socket_ifname(settings.dist.socket_ifname)
     check_runs_of_its_own(settings, launcher)
     _check_unused_overrides(settings)
     workload = _build_workload(settings)

@@ -31,7 +31,7 @@ NOISY_MARK = "ok, noisy"
 
 
 @dataclass
-class Run:
+class RunUnderCheck:
     """What the rules read of one run."""
 
     name: str
@@ -42,7 +42,7 @@ class Run:
 
 
 @dataclass
-class Verdict:
+class RuleVerdict:
     rule: str
     status: str  # pass | fail | n/a
     detail: str
@@ -55,11 +55,11 @@ class Verdict:
 class Results:
     """Everything given to the check: runs, and the files of each folder given."""
 
-    runs: list[Run]
+    runs: list[RunUnderCheck]
     folders: list[Path] = field(default_factory=list)  # run and sweep folders (not published reports)
 
 
-def _published(md: Path) -> list[Run]:
+def _published(md: Path) -> list[RunUnderCheck]:
     """The runs of a published report: its CSV's rows by run, and its metadata table read back."""
     frame = read_results(md.with_name(merge.PUBLISHED_CSV))
     text = md.read_text()
@@ -75,8 +75,16 @@ def _published(md: Path) -> list[Run]:
             for name, cell in zip(names, cells, strict=False):
                 metas[name][labels.get(label, label)] = cell
     runs = frame.groupby("run", sort=False) if "run" in frame.columns else [(md.stem, frame)]
-    return [Run(str(name), rows.drop(columns="run", errors="ignore"), _read_back(metas.get(str(name), {})),
-                None, text) for name, rows in runs]  # fmt: skip
+    return [
+        RunUnderCheck(
+            str(name),
+            rows.drop(columns="run", errors="ignore"),
+            _read_back(metas.get(str(name), {})),
+            None,
+            text,
+        )
+        for name, rows in runs
+    ]
 
 
 def _read_back(cells: dict[str, str]) -> RunRecord:
@@ -94,7 +102,9 @@ def collect(paths: Sequence[Path]) -> Results:
         for name, run_dir in merge.discover([path]):
             folder = RunFolder(run_dir)
             report = folder.report.read_text() if folder.report.exists() else ""
-            results.runs.append(Run(name, folder.read_results(), run_record.read(folder), folder, report))
+            results.runs.append(
+                RunUnderCheck(name, folder.read_results(), run_record.read(folder), folder, report)
+            )
         results.folders.append(path)
     return results
 
@@ -105,17 +115,17 @@ def _timed(frame: pd.DataFrame) -> pd.DataFrame:
     return frame[(frame["kind"] == "point") & (frame["status"] == "ok")]
 
 
-def rule_repeats(results: Results) -> Verdict:
+def rule_repeats(results: Results) -> RuleVerdict:
     rule = f"warm-up >= {MIN_WARMUP} and repeats >= {MIN_REPEATS}"
     timed = [(run.name, _timed(run.frame)) for run in results.runs]
     timed = [(name, rows) for name, rows in timed if not rows.empty]
     if not timed:
-        return Verdict(rule, "n/a", "no timed point")
+        return RuleVerdict(rule, "n/a", "no timed point")
     short = [f"{name} N={r.N_tokens} (warm-up {r.warmup}, repeats {r.repeats})" for name, rows in timed
              for r in rows.itertuples() if r.warmup < MIN_WARMUP or r.repeats < MIN_REPEATS]  # fmt: skip
     if short:
-        return Verdict(rule, "fail", f"{len(short)} point(s) below: " + "; ".join(short[:5]))
-    return Verdict(rule, "pass", f"{sum(len(rows) for _, rows in timed)} timed point(s)")
+        return RuleVerdict(rule, "fail", f"{len(short)} point(s) below: " + "; ".join(short[:5]))
+    return RuleVerdict(rule, "pass", f"{sum(len(rows) for _, rows in timed)} timed point(s)")
 
 
 def _lacking(meta: RunMetadata) -> list[str]:
@@ -123,22 +133,22 @@ def _lacking(meta: RunMetadata) -> list[str]:
     return [name for name in REQUIRED_META if name not in recorded]
 
 
-def rule_metadata(results: Results) -> Verdict:
+def rule_metadata(results: Results) -> RuleVerdict:
     rule = "metadata complete (" + ", ".join(REQUIRED_META) + ")"
     if not results.runs:
-        return Verdict(rule, "n/a", "no run")
+        return RuleVerdict(rule, "n/a", "no run")
     lacking = [(run.name, _lacking(run.record.metadata)) for run in results.runs]
     missing = [f"{name}: {', '.join(names)}" for name, names in lacking if names]
     if missing:
-        return Verdict(rule, "fail", "missing " + "; ".join(missing))
-    return Verdict(rule, "pass", f"{len(results.runs)} run(s)")
+        return RuleVerdict(rule, "fail", "missing " + "; ".join(missing))
+    return RuleVerdict(rule, "pass", f"{len(results.runs)} run(s)")
 
 
-def rule_like_for_like(results: Results) -> Verdict:
+def rule_like_for_like(results: Results) -> RuleVerdict:
     rule = "like-for-like (one " + ", ".join(LIKE_FOR_LIKE) + " and config per run)"
     runs = [run for run in results.runs if not run.frame.empty]
     if not runs:
-        return Verdict(rule, "n/a", "no results rows")
+        return RuleVerdict(rule, "n/a", "no results rows")
     mixed = []
     for run in runs:
         for column in (*LIKE_FOR_LIKE, "config_hash"):
@@ -146,15 +156,15 @@ def rule_like_for_like(results: Results) -> Verdict:
             if len(values) > 1:
                 mixed.append(f"{run.name} mixes {column} {', '.join(values)}")
     if mixed:
-        return Verdict(rule, "fail", "; ".join(mixed))
-    return Verdict(rule, "pass", f"{len(runs)} run(s), each of one configuration")
+        return RuleVerdict(rule, "fail", "; ".join(mixed))
+    return RuleVerdict(rule, "pass", f"{len(runs)} run(s), each of one configuration")
 
 
-def rule_noise(results: Results) -> Verdict:
+def rule_noise(results: Results) -> RuleVerdict:
     rule = f"noisy points flagged (IQR over {NOISY_IQR:.0%} of the median)"
     runs = [(run, int(noisy(run.frame).sum())) for run in results.runs if not _timed(run.frame).empty]
     if not runs:
-        return Verdict(rule, "n/a", "no timed point")
+        return RuleVerdict(rule, "n/a", "no timed point")
     unflagged = []
     for run, count in runs:
         table = run.report.split("## All rows", 1)[-1] if run.report else ""
@@ -164,17 +174,17 @@ def rule_noise(results: Results) -> Verdict:
         if flagged < count:
             unflagged.append(f"{run.name}: {count} noisy, {flagged} flagged in its report")
     if unflagged:
-        return Verdict(rule, "fail", "; ".join(unflagged))
+        return RuleVerdict(rule, "fail", "; ".join(unflagged))
     total = sum(count for _, count in runs)
-    return Verdict(rule, "pass", f"{total} noisy point(s), each flagged")
+    return RuleVerdict(rule, "pass", f"{total} noisy point(s), each flagged")
 
 
-def rule_same_answer(results: Results) -> Verdict:
+def rule_same_answer(results: Results) -> RuleVerdict:
     rule = f"same answer twice (checksums of a repeated point within rtol {CHECKSUM_RTOL:g})"
     rows = [run.frame.assign(_run=run.name) for run in results.runs if not _timed(run.frame).empty]
     frame = _timed(pd.concat(rows, ignore_index=True)) if rows else pd.DataFrame()
     if frame.empty or "checksum" not in frame.columns:
-        return Verdict(rule, "n/a", "no repeated run")
+        return RuleVerdict(rule, "n/a", "no repeated run")
     # A run's cp=1 baseline rows carry the run's config hash: the topology tells them apart.
     identity = (
         "config_hash",
@@ -189,16 +199,16 @@ def rule_same_answer(results: Results) -> Verdict:
     key = [c for c in identity if c in frame]
     groups = [g for _, g in frame.dropna(subset=["checksum"]).groupby(key, dropna=False) if len(g) > 1]
     if not groups:
-        return Verdict(rule, "n/a", "no point measured twice under one configuration")
+        return RuleVerdict(rule, "n/a", "no point measured twice under one configuration")
     differ = [f"N={g['N_tokens'].iloc[0]} ({', '.join(map(str, g['_run']))}): {list(g['checksum'])}"
               for g in groups if not np.allclose(g["checksum"], g["checksum"].iloc[0], rtol=CHECKSUM_RTOL,
                                                  atol=0)]  # fmt: skip
     if differ:
-        return Verdict(rule, "fail", "checksums differ: " + "; ".join(differ))
-    return Verdict(rule, "pass", f"{len(groups)} repeated point(s) agree")
+        return RuleVerdict(rule, "fail", "checksums differ: " + "; ".join(differ))
+    return RuleVerdict(rule, "pass", f"{len(groups)} repeated point(s) agree")
 
 
-def rule_convergence(results: Results) -> Verdict:
+def rule_convergence(results: Results) -> RuleVerdict:
     rule = "convergence within tolerance of the reference"
     checked, failed = [], []
     for run in results.runs:
@@ -214,10 +224,10 @@ def rule_convergence(results: Results) -> Verdict:
         comparison = compare(pd.read_csv(run.folder.convergence), pd.read_csv(path), rtol, atol)
         (checked if comparison.match else failed).append(f"{run.name} vs {path.name}: {comparison.line()}")
     if failed:
-        return Verdict(rule, "fail", "; ".join(failed))
+        return RuleVerdict(rule, "fail", "; ".join(failed))
     if not checked:
-        return Verdict(rule, "n/a", "no convergence curve with a reference")
-    return Verdict(rule, "pass", "; ".join(checked))
+        return RuleVerdict(rule, "n/a", "no convergence curve with a reference")
+    return RuleVerdict(rule, "pass", "; ".join(checked))
 
 
 def _allowed() -> set[str]:
@@ -226,21 +236,21 @@ def _allowed() -> set[str]:
     return names | {RunFolder.MAX_N_PLOT, RunFolder.WALLTIME_PLOT, ".cpbench-turn.lock", "multirun.yaml"}
 
 
-def rule_stray_files(results: Results) -> Verdict:
+def rule_stray_files(results: Results) -> RuleVerdict:
     rule = "no stray files"
     if not results.folders:
-        return Verdict(rule, "n/a", "a published report: its folder holds other documents")
+        return RuleVerdict(rule, "n/a", "a published report: its folder holds other documents")
     allowed, stray = _allowed(), []
     for given in results.folders:
         jobs = {path.resolve() for _, path in merge.discover([given])} - {given.resolve()}
         for folder in [given, *jobs]:
             stray += [str(p) for p in folder.iterdir() if p.name not in allowed and p.resolve() not in jobs]
     if stray:
-        return Verdict(rule, "fail", f"{len(stray)} unknown: " + ", ".join(sorted(stray)[:5]))
-    return Verdict(rule, "pass", f"{len(results.folders)} folder(s)")
+        return RuleVerdict(rule, "fail", f"{len(stray)} unknown: " + ", ".join(sorted(stray)[:5]))
+    return RuleVerdict(rule, "pass", f"{len(results.folders)} folder(s)")
 
 
-RULES: tuple[Callable[[Results], Verdict], ...] = (
+RULES: tuple[Callable[[Results], RuleVerdict], ...] = (
     rule_repeats,
     rule_metadata,
     rule_like_for_like,
@@ -251,10 +261,10 @@ RULES: tuple[Callable[[Results], Verdict], ...] = (
 )
 
 
-def check(paths: Sequence[Path]) -> list[Verdict]:
+def check(paths: Sequence[Path]) -> list[RuleVerdict]:
     results = collect(paths)
     return [rule(results) for rule in RULES]
 
 
-def passed(verdicts: Sequence[Verdict]) -> bool:
+def passed(verdicts: Sequence[RuleVerdict]) -> bool:
     return all(v.status != "fail" for v in verdicts)

@@ -8,6 +8,8 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from cpbench.record.run_record import Footprint
+
 # Python's own bytecode cache (an imported adapter module's) and git's internals are not the run's writes.
 _SKIP = {"__pycache__", ".git"}
 
@@ -68,7 +70,7 @@ class Snapshot:
         path = (self.git_root / line[3:].strip('"').split(" -> ")[-1]).resolve()
         return not any(path == e or e in path.parents for e in self.exclude)
 
-    def compare(self) -> dict[str, object]:
+    def compare(self) -> Footprint:
         """What changed since the snapshot: `left` lists each finding (empty: nothing), `line` says it."""
         now = _files(self.cwd, self.exclude)
         left = [f"{p} (new)" for p in sorted(set(now) - set(self.files))]
@@ -86,4 +88,4 @@ class Snapshot:
         else:
             git = ", and git status is unchanged" if git_now is not None else " (not a git checkout)"
             line = f"nothing written outside output_dir in {where}{git}"
-        return {"left": left, "line": line}
+        return Footprint(tuple(left), line)

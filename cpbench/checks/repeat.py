@@ -12,6 +12,7 @@ from typing import Any
 import pandas as pd
 
 from cpbench.checks.accuracy import CHECKED
+from cpbench.record.run_record import PointSpread, RepeatCheck, Spread
 from cpbench.results.row import row_key, samples_of
 
 FIGURES = ("walltime_ms", *CHECKED)
@@ -27,15 +28,15 @@ def _ok_points(frame: pd.DataFrame, config_hash: str) -> dict[str, dict[str, Any
     return {row_key(r): r for r in rows.to_dict("records")}
 
 
-def spread(values: Sequence[float]) -> dict[str, float]:
+def spread(values: Sequence[float]) -> Spread:
     """min, max, their difference and that difference relative to the median's magnitude (0 when
     every value is 0)."""
     low, high, median = min(values), max(values), statistics.median(values)
     relative = (high - low) / abs(median) if median else (0.0 if high == low else math.inf)
-    return {"min": low, "max": high, "spread": high - low, "relative": relative}
+    return Spread(low, high, high - low, relative)
 
 
-def repeat_spread(frames: Sequence[pd.DataFrame], config_hash: str) -> dict[str, Any]:
+def repeat_spread(frames: Sequence[pd.DataFrame], config_hash: str) -> RepeatCheck:
     """Per point measured ok in every run, the spread of each figure; and per figure the largest
     relative spread over the points: the tolerance. A figure blank in any run is left out."""
     runs = [_ok_points(frame, config_hash) for frame in frames]
@@ -44,14 +45,13 @@ def repeat_spread(frames: Sequence[pd.DataFrame], config_hash: str) -> dict[str,
         set.intersection(*(set(r) for r in runs)), key=lambda k: [int(p) for p in k.split(":")[1:]]
     ):
         rows = [run[key] for run in runs]
-        point: dict[str, Any] = {k: int(rows[0][k]) for k in POINT}
-        if (samples := samples_of(rows[0].get("diffusion_samples"))) is not None:
-            point["diffusion_samples"] = samples
+        figures = {}
         for name in FIGURES:
             values = [row.get(name) for row in rows]
             if any(v is None or (isinstance(v, float) and math.isnan(v)) for v in values):
                 continue
-            point[name] = spread([float(v) for v in values])
-            tolerance[name] = max(tolerance.get(name, 0.0), point[name]["relative"])
-        points.append(point)
-    return {"runs": len(frames), "tolerance": tolerance, "points": points}
+            figures[name] = spread([float(v) for v in values])
+            tolerance[name] = max(tolerance.get(name, 0.0), figures[name].relative)
+        size = (int(rows[0][k]) for k in POINT)
+        points.append(PointSpread(*size, figures, samples_of(rows[0].get("diffusion_samples"))))
+    return RepeatCheck(len(frames), tolerance, tuple(points))

@@ -48,7 +48,7 @@ def say(message: str) -> None:
 
 
 @dataclass(frozen=True)
-class Measured:
+class RunFigures:
     """What one run of the plan measured: its ok points' repeats, first step and peak by point, and
     the largest N that fit where it probed."""
 
@@ -59,7 +59,7 @@ class Measured:
     max_n: int | None
 
     @classmethod
-    def read(cls, name: str, folder: RunFolder) -> Measured:
+    def read(cls, name: str, folder: RunFolder) -> RunFigures:
         frame = folder.read_results()
         repeats, first, peak, max_n = {}, {}, {}, None
         if not frame.empty:
@@ -75,7 +75,7 @@ class Measured:
         return cls(name, repeats, first, peak, max_n)
 
 
-def compare(exp: Experiment, measured: Measured, refs: Sequence[Measured], seed: int) -> dict[str, Any]:
+def compare(exp: Experiment, measured: RunFigures, refs: Sequence[RunFigures], seed: int) -> dict[str, Any]:
     """The experiment's figures against its reference's two measurements, and the verdict: on walltime
     at the largest point all three measured, else (a capacity experiment) on max N."""
     common = set(measured.repeats).intersection(*(r.repeats for r in refs))
@@ -161,19 +161,19 @@ class PlanRun:
                     else f"experiment {exp.id}: {' '.join(exp.overrides)}: {message}"
                 ) from None
 
-    def measure(self, name: str, applied: Sequence[str]) -> Measured | int:
+    def measure(self, name: str, applied: Sequence[str]) -> RunFigures | int:
         """Run one run of the plan (or read it, when it finished before); its exit code if it failed."""
         folder = self.root.experiment_run(name)
         if run_record.is_finished(folder):
             say(f"{name}: finished before, read from {folder.root}")
-            return Measured.read(name, folder)
+            return RunFigures.read(name, folder)
         say(f"{name}: running {' '.join(applied) or '(the baseline)'} -> {folder.root}")
         code = self.run_one(self.config(applied, name))
         if code:
             return code
-        return Measured.read(name, folder)
+        return RunFigures.read(name, folder)
 
-    def reference(self, label: str, applied: tuple[str, ...]) -> Measured | int:
+    def reference(self, label: str, applied: tuple[str, ...]) -> RunFigures | int:
         """The next measurement of an experiment's reference: the baseline, or a gate's winner."""
         name = f"{BASELINE}_{self.references}" + ("" if label == BASELINE else f"_on_{label}")
         self.references += 1

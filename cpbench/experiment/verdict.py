@@ -20,7 +20,7 @@ RESAMPLES = 4000
 
 
 @dataclass(frozen=True)
-class Change:
+class WalltimeChange:
     """The experiment's median walltime against the reference's, in percent (negative: faster)."""
 
     pct: float
@@ -31,7 +31,7 @@ class Change:
 
 def median_change(
     experiment: Sequence[float], before: Sequence[float], after: Sequence[float], seed: int
-) -> Change:
+) -> WalltimeChange:
     """The change of the median with a seeded percentile-bootstrap interval: the repeats of each side
     resampled with replacement, the reference's from both of its measurements pooled."""
     reference = [*before, *after]
@@ -40,7 +40,7 @@ def median_change(
     exp = np.median(rng.choice(np.asarray(experiment), (RESAMPLES, len(experiment))), axis=1)
     ref = np.median(rng.choice(np.asarray(reference), (RESAMPLES, len(reference))), axis=1)
     low, high = np.quantile(100.0 * (exp / ref - 1.0), [(1 - LEVEL) / 2, (1 + LEVEL) / 2])
-    return Change(pct, float(low), float(high), drift_pct(before, after))
+    return WalltimeChange(pct, float(low), float(high), drift_pct(before, after))
 
 
 def drift_pct(before: Sequence[float], after: Sequence[float]) -> float:
@@ -49,7 +49,7 @@ def drift_pct(before: Sequence[float], after: Sequence[float]) -> float:
     return 100.0 * abs(a - b) / ((a + b) / 2)
 
 
-def judge(change: Change, tolerance_pct: float = 0.0) -> str:
+def judge(change: WalltimeChange, tolerance_pct: float = 0.0) -> str:
     """The noise rule, in one place: better (worse) when the whole interval lies below (above) zero
     and the change exceeds both the reference's drift and `tolerance_pct` (a floor set from outside,
     e.g. a measurement mode's tolerance); otherwise within noise."""

@@ -195,7 +195,8 @@ class Launcher(ABC):
     @abstractmethod
     def validate(self, topology: Topology, ranks_run: bool = True) -> None:
         """Before any rank starts: raise ConfigError naming the setting. `ranks_run` false: no rank
-        will start (probe.predict_only, the estimate alone), so neither its world nor its devices matter."""
+        will start (a command that starts none: app/commands.py), so neither its world nor its devices
+        matter."""
 
     @property
     def leads(self) -> bool:

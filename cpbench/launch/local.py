@@ -30,6 +30,7 @@ from cpbench.launch.base import (
     check_gpus,
     is_consequence,
 )
+from cpbench.measure.oom import KernelFault
 from cpbench.measure.point import OutOfMemoryAlone
 from cpbench.rank import RunSpec, run_rank
 from cpbench.results.folder import RunFolder
@@ -87,6 +88,9 @@ class LocalLauncher(Launcher):
                 launch_local(spec, self.settings.cp, self.settings.max_restarts, notify)
         except DoesNotFit as err:  # in this process
             raise ShapeDoesNotFit(str(err)) from None
+        except KernelFault as err:  # in this process, whose CUDA context is dead: no restart here
+            reason = f"{KernelFault.__name__}: {err}; recorded, run the same command to go on"
+            raise RankFailure(0, reason, "", crashed=False) from None
         return Finished()
 
 
@@ -122,7 +126,7 @@ def _failure(err: ChildFailedError) -> RankFailure:
         stack = message.get("extraInfo", {}).get("py_callstack", "")
         head = "\n".join(stack.strip().splitlines()[-4:])
         reason = message.get("message", "").strip()
-        restart = consequence(rank) or reason.startswith(OutOfMemoryAlone.__name__)
+        restart = consequence(rank) or reason.startswith((OutOfMemoryAlone.__name__, KernelFault.__name__))
         return RankFailure(rank, reason, head, crashed=restart)
     return RankFailure(rank, str(message or f"exit code {exitcode}"), "", crashed=True)
 
@@ -133,12 +137,14 @@ def launch_local(spec: RunSpec, nprocs: int, max_restarts: int, notify: Notify) 
     the run resumes from its persisted state. A rank that ran out of memory alone is a finding, not a
     crash: its N is recorded as oom and never tried again, so such restarts are bounded by the probe's
     steps and spend none of `max_restarts` (a probe near the edge would otherwise use it up with
-    answers). A rank that raises ends the job: raise RankFailure, or ShapeDoesNotFit when what it raised
-    was DoesNotFit (a run of one fixed shape out of memory)."""
-    crashes = findings = 0
+    answers). A kernel fault is a finding too: the rank recorded it at its N, which bounds the probe
+    from above, so that no N from it up is tried again. A rank that raises ends the job: raise
+    RankFailure, or ShapeDoesNotFit when what it raised was DoesNotFit (a run of one fixed shape out of
+    memory)."""
+    crashes = findings = faults = 0
     while True:
         try:
-            return _launch_once(replace(spec, restart=crashes + findings), nprocs)
+            return _launch_once(replace(spec, restart=crashes + findings + faults), nprocs)
         except RankFailure as failure:
             if failure.error_type == DoesNotFit.__name__:
                 raise ShapeDoesNotFit(failure.message) from None
@@ -149,6 +155,12 @@ def launch_local(spec: RunSpec, nprocs: int, max_restarts: int, notify: Notify) 
                 line = (
                     f"rank {failure.rank}: {failure.message}; recorded as oom, the ranks restart to go on "
                     f"(out-of-memory restart {findings}, not counted against launch.max_restarts)"
+                )
+            elif failure.error_type == KernelFault.__name__:
+                faults += 1
+                line = (
+                    f"rank {failure.rank}: {failure.message}; recorded as a kernel fault, the ranks restart "
+                    f"to go on (kernel-fault restart {faults}, not counted against launch.max_restarts)"
                 )
             else:
                 crashes += 1

@@ -44,6 +44,25 @@ SHARED_STORE = (
 )
 
 
+def _restarts_left_to_findings(probes: bool, world_size: int) -> str | None:
+    """The caution for a probe under torch's agent: a rank out of memory alone ends its world (its peers
+    wait in a collective it never joins), and the agent counts that restart against --max-restarts as
+    it counts a crash. Its `_invoke_run` (torch/distributed/elastic/agent/server/api.py) decrements
+    `_remaining_restarts` for every FAILED or UNHEALTHY group, and a worker's non-zero exit makes its
+    group FAILED whatever the code; it restarts uncounted only on a membership change (a new agent
+    waiting in the rendezvous), which a worker cannot ask for. So a lone out-of-memory restart cannot
+    be kept off the count here, as the local launcher keeps it (docs/cluster.md)."""
+    if not probes or world_size < 2 or "TORCHELASTIC_MAX_RESTARTS" not in os.environ:
+        return None
+    restarts = int(os.environ["TORCHELASTIC_MAX_RESTARTS"])
+    return (
+        f"torchrun counts every restart of the ranks against --max-restarts ({restarts} here), a rank "
+        "out of memory alone included, which the probe meets near its edge: when they run out, run the "
+        "same command again (it resumes), or give --max-restarts room for the probe's steps; "
+        "`python -m cpbench` on one node does not count them (docs/cluster.md)"
+    )
+
+
 def _restarts_share_the_store() -> bool:
     """torch's elastic agent exports both to its workers: a restart is allowed, and the workers' process
     group uses the agent's own store, whose keys a restart does not clear."""
@@ -57,8 +76,8 @@ class TorchrunLauncher(Launcher):
 
     named = "torchrun"
 
-    def __init__(self, backend: str | None):
-        self.backend = backend
+    def __init__(self, backend: str | None, probes: bool = False):
+        self.backend, self.probes = backend, probes
 
     @classmethod
     def chosen(cls, settings: BenchConfig) -> bool:
@@ -66,7 +85,7 @@ class TorchrunLauncher(Launcher):
 
     @classmethod
     def from_settings(cls, settings: BenchConfig, in_sweep: bool) -> TorchrunLauncher:
-        return cls(settings.dist.backend)
+        return cls(settings.dist.backend, settings.probe.enabled)
 
     @property
     def world(self) -> World:
@@ -95,8 +114,11 @@ class TorchrunLauncher(Launcher):
         return False
 
     def start(self, spec: RunSpec, workload: Workload | None, notify: Notify) -> Finished:
-        if self.leads and self.restart == 0 and _restarts_share_the_store():
-            notify(Caution(SHARED_STORE))
+        if self.leads and self.restart == 0:
+            findings = _restarts_left_to_findings(self.probes, spec.topology.cp)
+            for line in (SHARED_STORE if _restarts_share_the_store() else None, findings):
+                if line:
+                    notify(Caution(line))
         run_rank(replace(spec, restart=self.restart), workload)
         return Finished()
 

@@ -1,6 +1,7 @@
 """Fault injection for the never-hang and agreement guarantees: one chosen rank runs out of memory (a
-real failing allocation), is killed, or overruns its budget (a peak over it that no failing allocation
-reports), at N_tokens >= a threshold, either while its batch is built (before the step's first
+real failing allocation), is killed, overruns its budget (a peak over it that no failing allocation
+reports), or meets a kernel fault (the exception torch raises after an illegal memory access, with its
+words), at N_tokens >= a threshold, either while its batch is built (before the step's first
 collective) or inside the step between two collectives. `perturb` instead gives a slightly wrong
 answer: every module output on the chosen rank is scaled by 1 + PERTURB in every step, as a CP bug on
 one rank would, for mode=accuracy's comparison with cp=1 to catch."""
@@ -18,9 +19,24 @@ import torch
 
 from cpbench.distributed.comm import LEDGER
 from cpbench.settings.schema import FaultConfig
+from cpbench.torch_compat import ACCELERATOR_ERRORS
 
 OVERRUN_BYTES = 2**30
 PERTURB = 1e-4  # relative, per module output: well over float32 rounding, far under any real signal
+# What C10_CUDA_CHECK raises at the first CUDA call after a kernel's illegal memory access (torch 2.8 up:
+# torch.AcceleratorError): "CUDA error: " and cudaGetErrorString's text (c10/cuda/CUDAException.cpp),
+# the error's name (c10/cuda/CUDAMiscFunctions.cpp `get_cuda_error_help`), the asynchronous-error note
+# (`get_cuda_async_error_suffix`) and, in a build without device-side assertions, their note
+# (c10/cuda/CUDADeviceAssertionHost.cpp). NVIDIA/cuEquivariance#136 quotes the same first line.
+ILLEGAL_ACCESS = (
+    "CUDA error: an illegal memory access was encountered\n"
+    "Search for `cudaErrorIllegalAddress' in https://docs.nvidia.com/cuda/cuda-runtime-api/"
+    "group__CUDART__TYPES.html for more information.\n"
+    "CUDA kernel errors might be asynchronously reported at some other API call, so the stacktrace below "
+    "might be incorrect.\n"
+    "For debugging consider passing CUDA_LAUNCH_BLOCKING=1\n"
+    "Compile with `TORCH_USE_CUDA_DSA` to enable device-side assertions.\n"
+)
 
 
 def _overrun() -> None:
@@ -38,6 +54,8 @@ def _strike(kind: str, device: torch.device) -> None:
     if kind == "overrun":
         _overrun()
         return
+    if kind == "kernel":  # as torch raises it: AcceleratorError from torch 2.8, a RuntimeError before
+        raise (ACCELERATOR_ERRORS or (RuntimeError,))[0](ILLEGAL_ACCESS)
     torch.empty(2**62, dtype=torch.uint8, device=device)  # no allocator can serve this: a real OOM
 
 

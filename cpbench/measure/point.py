@@ -26,11 +26,12 @@ from cpbench.core import RankContext, Shape
 from cpbench.core.phases import COLUMNS as PHASE_COLUMNS
 from cpbench.core.phases import slowest_median_ms
 from cpbench.distributed.comm import LEDGER
+from cpbench.measure import comm_profile
 from cpbench.measure.cap import Cap
 from cpbench.measure.checksum import local_share
 from cpbench.measure.fault import Fault
-from cpbench.measure.memory import read_peak_gib, read_peaks, release, reset_peak
-from cpbench.measure.oom import BudgetExceeded, describe, is_oom
+from cpbench.measure.memory import read_peaks, release, reset_peak
+from cpbench.measure.oom import BudgetExceeded, KernelFault, classify, describe, near_cap
 from cpbench.measure.stats import (
     PointTimes,
     RepeatTiming,
@@ -41,7 +42,7 @@ from cpbench.measure.stats import (
     spread_wide,
 )
 from cpbench.measure.step import StepRunner
-from cpbench.results.row import Measured
+from cpbench.results.row import KERNEL, OOM, Measured
 from cpbench.runtime.logs import LOG
 from cpbench.runtime.seed import seed_all
 from cpbench.settings.schema import TimingConfig
@@ -91,12 +92,17 @@ def collectives_in_flight(issued: int, group: dist.ProcessGroup, counted: bool) 
     return not counted or len(set(counts)) > 1
 
 
-def _guarded(fn: Callable[[], Any]) -> tuple[Any, str]:
-    """Run fn; an out-of-memory error becomes a message, anything else propagates."""
+def _guarded(fn: Callable[[], Any], starved: Callable[[], bool]) -> tuple[Any, str]:
+    """Run fn; an out-of-memory error becomes a message (cuBLAS failing to start counts when `starved`
+    says memory was near the cap), a kernel fault becomes KernelFault at once (on a GPU the context is
+    dead: no agreement, no release, nothing more on the device), anything else propagates."""
     try:
         return fn(), ""
     except Exception as err:
-        if not is_oom(err):
+        failure = classify(err, starved)
+        if failure == KERNEL:
+            raise KernelFault(describe(err)) from err
+        if failure != OOM:
             raise
         return None, describe(err)
 
@@ -131,8 +137,13 @@ class PointSettings:
 
 def comm_timing(device: torch.device, settings: PointSettings) -> str:
     """How a run's comm ms is measured, for the reader of its report."""
+    if settings.profile_comm and device.type == "cuda":
+        return (
+            "the NCCL kernels' device time (ncclDevKernel_*, ncclKernel_*) in the torch profiler's CUDA "
+            "trace inside the timed steps (measure.profile_comm); blank where the trace cannot tell"
+        )
     if settings.profile_comm:
-        return "the torch profiler's gloo/NCCL events inside the timed steps (measure.profile_comm)"
+        return "the torch profiler's gloo/NCCL spans inside the timed steps (measure.profile_comm)"
     if not settings.counts_comm:
         return "not measured: the model's collectives do not go through cpbench (try measure.profile_comm)"
     if device.type == "cuda":
@@ -165,7 +176,10 @@ def measure_point(
         if failure:  # into every rank's log file, when it happens
             LOG.debug("rank %d, N=%d: %s", ctx.rank, shape.n_tokens, failure)
 
-    batch, failure = _guarded(build)
+    def starved() -> bool:
+        return near_cap(ctx.device, cap)
+
+    batch, failure = _guarded(build, starved)
     note(failure)
     batches, batch = _Batches(batch, build, runner.fresh_batch_per_step), None
     timed = None
@@ -176,11 +190,12 @@ def measure_point(
     except OutOfMemoryAlone as err:
         raise OutOfMemoryAlone(f"{err}: {failure}") from err
     if built:
-        timed, failure = _guarded(steps)
+        timed, failure = _guarded(steps, starved)
     peaks = read_peaks(ctx.device)  # before `release`: the allocator still holds its peak's segments
     peak_local = peaks.gib
-    if not failure and cap is not None and peak_local - cap.baseline_gib > cap.gib:
-        failure = describe(BudgetExceeded(cap.over(peak_local - cap.baseline_gib)))
+    # Judged on the figure the cap binds on (measure/cap.py): on a GPU the allocator's reserved peak.
+    if not failure and cap is not None and (over := cap.exceeded(peaks)):
+        failure = describe(BudgetExceeded(over))
     batches = None
     if built:
         note(failure)  # in a step, or over the cap
@@ -200,22 +215,27 @@ def measure_point(
         raise OutOfMemoryAlone(f"out of memory with collectives left in flight on the GPU: {failure}")
     release(ctx.device)
     # A figure a rank does not have (CPU, NVML unreadable) is -1 in the reduction, and blank after it.
-    gpu = [-1.0 if v is None else v for v in (peaks.reserved_gib, peaks.device_used_gib)]
+    gpu = (peaks.reserved_gib, peaks.device_used_gib, peaks.alloc_retries, peaks.alloc_ooms)
+    gpu = [-1.0 if v is None else v for v in gpu]
     # One all-reduce: the max of -peak is minus the min over ranks.
     peak, negated_min, *gpu = _reduce([peak_local, -peak_local, *gpu], control, dist.ReduceOp.MAX)
-    reserved, used = (None if v < 0 else v for v in gpu)
-    memory = dict(peak_mem_min_gib=-negated_min, peak_reserved_gib=reserved, device_used_gib=used)
+    reserved, used, *counts = (None if v < 0 else v for v in gpu)
+    retries, ooms = (None if v is None else int(v) for v in counts)
+    memory = dict(peak_mem_min_gib=-negated_min, peak_reserved_gib=reserved, device_used_gib=used,
+                  alloc_retries=retries, alloc_ooms=ooms)  # fmt: skip
     if not fits:
         messages = [None] * dist.get_world_size(control)
         dist.all_gather_object(messages, failure, group=control)
         first = next((f"rank {r}: {m}" for r, m in enumerate(messages) if m), "")
-        return PointResult(status="oom", peak_mem_gib=peak, **memory, error=first)
+        return PointResult(status="oom", peak_mem_gib=peak, **memory, failure=OOM, error=first)
     result = _summarise(timed, peak, control, loss=runner.returns_loss)
     per_s = shape.n_tokens / (result.walltime_ms / 1e3) if result.walltime_ms else None
     result = replace(result, **memory, tokens_per_s=per_s)
-    if settings.profile_comm:
-        seconds = _reduce([timed.profiled_s], control, dist.ReduceOp.MAX)[0]
-        return replace(result, comm_ms=seconds * 1e3, comm_mib_per_step=None, comm_ops=[])
+    if settings.profile_comm:  # a rank whose trace cannot tell (None) blanks the figure
+        seconds, blind = _reduce([timed.profiled_s or 0.0, float(timed.profiled_s is None)], control,
+                                 dist.ReduceOp.MAX)  # fmt: skip
+        comm_ms = None if blind else seconds * 1e3
+        return replace(result, comm_ms=comm_ms, comm_mib_per_step=None, comm_ops=[])
     if not settings.counts_comm:  # collectives the ledger cannot see: blank, not a misleading 0
         return replace(result, comm_ms=None, comm_mib_per_step=None, comm_ops=[])
     return result
@@ -236,31 +256,6 @@ class _Batches:
         return self.current
 
 
-# The backends' own records of a collective's work in the torch profiler (gloo on CPU, NCCL on GPUs).
-_COMM_EVENTS = ("gloo:", "nccl:")
-_STEP_EVENT = "cpbench.step"
-
-
-def _comm_seconds(events: Any) -> float:
-    """Seconds inside the timed steps during which a collective was at work on this rank: the union
-    of the communication events' intervals (they overlap across threads), clipped to the steps (the
-    barrier between steps is not the workload's)."""
-    steps = [(e.time_range.start, e.time_range.end) for e in events if e.name == _STEP_EVENT]
-    spans = sorted(
-        (max(start, e.time_range.start), min(end, e.time_range.end))
-        for e in events
-        if e.name.startswith(_COMM_EVENTS)
-        for start, end in steps
-        if e.time_range.start < end and e.time_range.end > start
-    )
-    total, reach = 0.0, float("-inf")
-    for start, end in spans:
-        if end > reach:
-            total += end - max(start, reach)
-            reach = end
-    return total / 1e6  # microseconds
-
-
 @dataclass
 class RankSteps:
     """What one rank's steps of a point leave, gathered on the control group and reduced by `stats`."""
@@ -269,7 +264,8 @@ class RankSteps:
     share: float | None  # this rank's share of the checksum of the first step's output
     bytes_per_step: float
     ops: list[dict[str, Any]]
-    profiled_s: float  # per step, in the profiler's communication events (measure.profile_comm)
+    # per step, in the profiler's communication events (measure.profile_comm); None: it cannot tell
+    profiled_s: float | None
     first_step_s: float
     warmup_steps: int
     grad_norm: float | None
@@ -286,7 +282,7 @@ def _agree_after_step(seconds: float, control: dist.ProcessGroup, cap: Cap | Non
     In the same all-reduce, whether any rank's peak is over the cap already: then every rank stops
     here (the rank over it raises BudgetExceeded, its peers PeerOverBudget), rather than taking the
     point's remaining steps to fail it at the end."""
-    over = cap is not None and (peak := read_peak_gib(device) - cap.baseline_gib) > cap.gib
+    over = cap is not None and (peak := cap.peak_now_gib(device)) > cap.gib
     slowest, anyone = _reduce([seconds * 1e3, float(over)], control, dist.ReduceOp.MAX)
     if over:
         raise BudgetExceeded(cap.over(peak))
@@ -340,7 +336,8 @@ def _run_repeats(runner: StepRunner, batches: _Batches, control, settings: Point
     adaptive = most > timing.repeats
     LEDGER.reset()
     timings, named, agreed, out, batch = [], [], [], None, None
-    profiler = torch.profiler.profile() if settings.profile_comm else contextlib.nullcontext()
+    device = runner.device.type
+    profiler = comm_profile.profiler(device) if settings.profile_comm else contextlib.nullcontext()
     with profiler:
         while len(timings) < most:
             say(f"timed step {len(timings) + 1} of {timing.repeats}" + (f" to {most}" if adaptive else ""))
@@ -349,7 +346,7 @@ def _run_repeats(runner: StepRunner, batches: _Batches, control, settings: Point
             # Start together (outside the timed region), stopping first if a step so far went over the cap.
             _agree_after_step(0.0, control, settings.cap, runner.device)
             comm_before = LEDGER.total_seconds
-            with torch.profiler.record_function(_STEP_EVENT):
+            with torch.profiler.record_function(comm_profile.STEP_EVENT):
                 out, p = runner(batch)
             comm = LEDGER.total_seconds - comm_before
             first.see(out, runner)
@@ -359,14 +356,20 @@ def _run_repeats(runner: StepRunner, batches: _Batches, control, settings: Point
                 agreed.append(_agree_after_step(p.total, control, settings.cap, runner.device))
             if len(timings) >= timing.repeats and (not adaptive or not spread_wide(agreed, timing.iqr_pct)):
                 break
-    profiled = _comm_seconds(profiler.events()) if settings.profile_comm else 0.0
+    profiled = comm_profile.comm_seconds(profiler.events(), device) if settings.profile_comm else 0.0
+    if profiled is None:
+        LOG.warning(
+            "measure.profile_comm: the trace of %s holds no NCCL kernel where collectives ran, or no "
+            "device activity at all: comm_ms is left blank",
+            runner.device,
+        )
     return RankSteps(
         timings=timings,
         phases=named,
         share=first.share,
         bytes_per_step=LEDGER.total_bytes / len(timings),
         ops=LEDGER.table(),
-        profiled_s=profiled / len(timings),
+        profiled_s=None if profiled is None else profiled / len(timings),
         first_step_s=(warm or [timings[0].total])[0],
         warmup_steps=len(warm),
         grad_norm=first.grad_norm,

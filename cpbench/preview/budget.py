@@ -27,7 +27,7 @@ from cpbench.probe.search import SearchConfig, Trial, bounds, next_trial
 
 
 @dataclass(frozen=True)
-class Work:
+class PlannedWork:
     """What a run will measure: its walltime points, their steps, and the probe (None: off)."""
 
     points: tuple[Shape, ...]
@@ -41,7 +41,7 @@ class Work:
 
 
 @dataclass(frozen=True)
-class Step:
+class PilotStep:
     """The measured step the estimate scales from: its N, time, and peak memory against the cap."""
 
     n: int
@@ -60,14 +60,14 @@ class Step:
 
 
 @dataclass(frozen=True)
-class Verdict:
-    work: Work  # the plan to run: the trimmed one; refused, the least the job allows
+class BudgetVerdict:
+    work: PlannedWork  # the plan to run: the trimmed one; refused, the least the job allows
     seconds: float  # its estimated time
     probe_steps: int  # the probe's expected steps in it
     cuts: tuple[str, ...] = ()
     refusal: str | None = None  # set: nothing runs
 
-    def summary(self, budget_minutes: float | None, step: Step) -> str:
+    def summary(self, budget_minutes: float | None, step: PilotStep) -> str:
         """One line: `plan: 3 point(s) x (3 warm-up + 5 repeats) x ~0.4 s at N=64 (x (N/64)^2) + probe
         ~8 step(s) = ~1.2 min, budget 8 min`."""
         p = self.work
@@ -98,11 +98,11 @@ def duration(seconds: float) -> str:
     return f"{seconds / 60:.2g} min" if seconds >= 60 else f"{seconds:.2g} s"
 
 
-def step_seconds(step: Step, n: int) -> float:
+def step_seconds(step: PilotStep, n: int) -> float:
     return step.seconds * (n / step.n) ** 2
 
 
-def _peak_gib(step: Step, n: int) -> float | None:
+def _peak_gib(step: PilotStep, n: int) -> float | None:
     """The step's peak scaled to `n`, its fixed part kept; None where the step held nothing measurable
     over the baseline (a tiny step can read below it: the baseline is start-up's high-water mark), which
     no scaling can grow."""
@@ -123,13 +123,13 @@ def fixed_part(peaks: list[tuple[int, float]]) -> float:
     return max(0.0, float(a)) if b > 0 else 0.0
 
 
-def _predicted_trial(search: SearchConfig, step: Step, n: int, point: bool = False) -> Trial:
+def _predicted_trial(search: SearchConfig, step: PilotStep, n: int, point: bool = False) -> Trial:
     peak = _peak_gib(step, n)
     fits = search.budget_gib is None or peak is None or peak <= search.budget_gib
     return Trial(n=n, fits=fits, status="ok" if fits else "oom", peak_gib=peak, point=point)
 
 
-def probe_trials(search: SearchConfig, step: Step, seeds: tuple[Trial, ...] = ()) -> list[Trial]:
+def probe_trials(search: SearchConfig, step: PilotStep, seeds: tuple[Trial, ...] = ()) -> list[Trial]:
     """The trials the probe is expected to step (`point` False), after the walltime points `seeds` it
     starts from: its own search, fed the peaks predicted from `step`. With no predicted end (no memory
     cap or no predicted peak, and no max_tokens) one ramp step is counted."""
@@ -144,7 +144,7 @@ def probe_trials(search: SearchConfig, step: Step, seeds: tuple[Trial, ...] = ()
     return trials
 
 
-def estimate(work: Work, step: Step) -> tuple[float, int]:
+def estimate(work: PlannedWork, step: PilotStep) -> tuple[float, int]:
     """Seconds of the plan's steps, and the probe's expected step count."""
     per_point = work.warmup + work.repeats
     measured = step.overhead_s + step.count_s  # a measured point's cost besides its steps
@@ -169,15 +169,15 @@ def _drop_one(points: tuple[Shape, ...]) -> tuple[Shape, ...] | None:
     return tuple(s for s in points if s is not victim)
 
 
-def fit_budget(work: Work, step: Step, minutes: float | None, min_repeats: int) -> Verdict:
+def fit_budget(work: PlannedWork, step: PilotStep, minutes: float | None, min_repeats: int) -> BudgetVerdict:
     """The plan that fits `minutes`, with each cut named; or, when even the most trimmed plan does
     not fit, a refusal (with that plan and its cuts). `minutes=None`: no budget, the plan as given."""
     seconds, probe_steps = estimate(work, step)
     if minutes is None or seconds <= minutes * 60:
-        return Verdict(work, seconds, probe_steps)
+        return BudgetVerdict(work, seconds, probe_steps)
     limit, trimmed, cuts = minutes * 60, work, []
 
-    def fits(candidate: Work) -> bool:
+    def fits(candidate: PlannedWork) -> bool:
         return estimate(candidate, step)[0] <= limit
 
     floor = min(work.repeats, min_repeats)
@@ -205,10 +205,10 @@ def fit_budget(work: Work, step: Step, minutes: float | None, min_repeats: int) 
             cuts.append(f"probe.granularity {work.probe.config.granularity} -> {search.config.granularity}")
     seconds, probe_steps = estimate(trimmed, step)
     if seconds <= limit:
-        return Verdict(trimmed, seconds, probe_steps, tuple(cuts))
-    least = Verdict(trimmed, seconds, probe_steps).summary(minutes, step).removeprefix("plan: ")
+        return BudgetVerdict(trimmed, seconds, probe_steps, tuple(cuts))
+    least = BudgetVerdict(trimmed, seconds, probe_steps).summary(minutes, step).removeprefix("plan: ")
     refusal = (
         f"budget.minutes={minutes:g}: even trimmed to the least the job allows ({least}) the plan does "
         "not fit; nothing run (raise budget.minutes, or budget.minutes=null to run it all)"
     )
-    return Verdict(trimmed, seconds, probe_steps, tuple(cuts), refusal)
+    return BudgetVerdict(trimmed, seconds, probe_steps, tuple(cuts), refusal)

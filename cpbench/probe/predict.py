@@ -31,6 +31,7 @@ from cpbench.core import RankContext, Shape, Topology
 from cpbench.distributed.comm import LEDGER, UNLABELLED
 from cpbench.measure.cap import cap_gib
 from cpbench.models.pairformer import chunking
+from cpbench.probe.autocast_rules import rules_for
 from cpbench.probe.owners import BACKWARD, OUTSIDE, WEIGHTS, ModuleStack, top_owners
 from cpbench.probe.search import align_down, align_up
 from cpbench.runtime.compile_cache import import_dynamo
@@ -130,7 +131,8 @@ ASSUMPTIONS = (
     "no allocator rounding (CPU; CUDA's caching allocator rounds blocks to 512 B), "
     "no workspace (cuBLAS, NCCL buffers), no fragmentation margin, and nothing of the process itself "
     "(interpreter, libraries: the CPU baseline); the optimizer's state is counted as AdamW's 2x the "
-    "parameters, its temporaries are not"
+    "parameters, its temporaries are not; autocast casts by the op lists of the run's device (CUDA's "
+    "for an NCCL run, applied to the CPU trace: probe/autocast_rules.py)"
 )
 
 
@@ -293,6 +295,8 @@ def _trace(workload: Workload, topology: Topology, shape: Shape, train: bool, dt
                 stack.hooked(),
                 tracker,
                 chunking.peak_only(),
+                # autocast's op lists of the run's device: CUDA's for NCCL ranks (dist.backend: gloo or nccl)
+                rules_for(device_type("gloo" if gloo else "nccl")),
             ):
                 seed_all(seed)
                 batch = workload.build_batch(shape, ctx)

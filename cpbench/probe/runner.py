@@ -10,7 +10,7 @@ from cpbench.core import Shape, Topology
 from cpbench.measure.point import PointResult
 from cpbench.probe.search import SearchConfig, Trial, bounds, next_trial
 from cpbench.probe.state import ProbeState
-from cpbench.results.row import Measured, ResultRow
+from cpbench.results.row import KERNEL, OOM, Measured, ResultRow
 from cpbench.runtime.logs import LOG
 from cpbench.settings.schema import ProbeConfig
 
@@ -51,6 +51,7 @@ def run_probe(
             seconds=time.perf_counter() - t0,
             guided=proposal.guided,
             predicted_gib=predicted_at(proposal.n),
+            failure=result.failure,
         )
         trials.append(trial)
         steps += 1
@@ -78,11 +79,16 @@ def run_probe(
 
 
 def max_fit_row(row: ResultRow, best: Trial | None, fail: Trial | None) -> ResultRow:
-    """The headline row: the largest N that fits, its peak, and the first N that did not."""
-    measured = Measured(
-        status="ok" if best else "oom",
-        peak_mem_gib=best.peak_gib if best else None,
-        peak_mem_min_gib=best.peak_min_gib if best else None,
-        error="" if best else f"nothing fits: N={fail.n} already does not",
-    )
-    return replace(row.with_measured(measured), oom_at=fail.n if fail else None)
+    """The headline row: the largest N that fits, its peak, and the first N that did not, named by why:
+    `oom_at` where it ran out of memory, `kernel_fault_at` where a kernel faulted (no memory answer:
+    the edge is the kernel's). With nothing that fits, the row is that first N's failure."""
+    kernel = fail is not None and fail.failure == KERNEL
+    if best:
+        measured = Measured(status="ok", peak_mem_gib=best.peak_gib, peak_mem_min_gib=best.peak_min_gib)
+    elif kernel:
+        measured = Measured(status="error", failure=KERNEL, error=f"nothing ran: kernel fault at N={fail.n}")
+    else:
+        measured = Measured(status="oom", failure=OOM, error=f"nothing fits: N={fail.n} already does not")
+    edge = fail.n if fail else None
+    return replace(row.with_measured(measured), oom_at=None if kernel else edge,
+                   kernel_fault_at=edge if kernel else None)  # fmt: skip

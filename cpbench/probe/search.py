@@ -12,20 +12,29 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from cpbench.results.row import CRASH, OOM
 from cpbench.settings.schema import ProbeConfig
 
 
 @dataclass(frozen=True)
 class Trial:
+    """One N's answer. Any that did not fit bounds the search from above, whatever its class: above a
+    kernel fault (status error, failure kernel) no N is tried either."""
+
     n: int
     fits: bool
-    status: str  # ok | oom | crashed
+    status: str  # ok | oom | error | crashed
     peak_gib: float | None = None  # max over ranks
     seconds: float | None = None
     guided: bool = False  # proposed by the memory model rather than by the ramp or bisection
     point: bool = False  # a walltime point of the run at the probe's shape, not a probe step
     predicted_gib: float | None = None  # the fake-tensor estimate of peak_gib (probe.predict)
     peak_min_gib: float | None = None  # min over ranks: with the max, how evenly the grid shares memory
+    failure: str = ""  # one that did not fit: its class (results/row.py FAILURES)
+
+    def __post_init__(self) -> None:
+        if not self.fits and not self.failure:  # a trial saved before the class, or told its status alone
+            object.__setattr__(self, "failure", OOM if self.status == "oom" else CRASH)
 
 
 @dataclass(frozen=True)

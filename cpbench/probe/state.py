@@ -10,6 +10,7 @@ import pandas as pd
 from cpbench.probe.search import Trial, answered
 from cpbench.results.flight import Flight
 from cpbench.results.folder import RepeatedCrash, RunFolder
+from cpbench.results.row import KERNEL
 
 
 class ProbeState:
@@ -58,6 +59,17 @@ class ProbeState:
             self.finish(Trial(n=n, fits=False, status="oom"))
         return n
 
+    def close_kernel(self, n: int) -> None:
+        """A kernel faulted at `n`, the N in flight (the rank's CUDA context is dead; the run ends for
+        it): recorded as `kernel`, which bounds the search as a failure does, so that no N from it up is
+        tried again. Nothing, when another N is in flight."""
+        if self.in_flight == n:
+            self.finish(Trial(n=n, fits=False, status="error", failure=KERNEL))
+
+    def kernel_fault(self, n: int) -> bool:
+        """Whether `n` is recorded as a kernel fault."""
+        return any(t.n == n and t.failure == KERNEL for t in self.trials)
+
     def interrupt(self) -> int | None:
         """Mark the N in flight as interrupted (not counted as a crash); it is tried again."""
         if self.in_flight is not None:
@@ -77,8 +89,9 @@ class ProbeState:
 
     def add_points(self, trials: list[Trial]) -> None:
         """Walltime points the probe takes as trials (`point=True`), kept in probe.csv beside its own
-        steps; the N in flight stays in flight."""
-        self.trials += trials
+        steps, each its N's answer in place of any before it; the N in flight stays in flight."""
+        for trial in trials:
+            self.trials = answered(self.trials, trial)
         self._save()
 
     def finish(self, trial: Trial) -> None:
@@ -101,6 +114,7 @@ class ProbeState:
             "seconds",
             "guided",
             "point",
+            "failure",
         ]
         names = {"n": "N_tokens", "peak_gib": "max_peak_gib", "peak_min_gib": "min_peak_gib",
                  "predicted_gib": "predicted_peak_gib"}  # fmt: skip

@@ -10,9 +10,9 @@ from dataclasses import dataclass, replace
 from cpbench.core import Shape
 from cpbench.measure.point import PointResult, PointSettings
 from cpbench.preview.budget import (
-    Step,
-    Verdict,
-    Work,
+    BudgetVerdict,
+    PilotStep,
+    PlannedWork,
     budget_minutes,
     duration,
     estimate,
@@ -33,30 +33,30 @@ from cpbench.settings.schema import ProbeConfig
 
 
 @dataclass(frozen=True)
-class Clock:
+class BudgetClock:
     """When the run's first timed step started (Unix time: a restart goes on from it), and a
     measurement's costs besides its steps."""
 
     planned_at: float
     overhead_s: float
-    count_s: float = 0.0  # a point's FLOP count (preview/budget.py `Step`)
+    count_s: float = 0.0  # a point's FLOP count (preview/budget.py `PilotStep`)
 
 
 @dataclass(frozen=True)
-class Trimmed:
+class TrimmedPlan:
     """The plan the budget leaves: the points, how each is measured, the probe's settings."""
 
     points: list[Shape]
     point_settings: PointSettings
     probe: ProbeConfig
     warmed: Shape | None  # the point whose first two warm-up steps ran (the budget's timed step)
-    clock: Clock | None  # None: no budget, or no estimate
+    clock: BudgetClock | None  # None: no budget, or no estimate
 
 
 def fit_work(
     measurer: Measurer, todo: list[Shape], settings: PointSettings, prediction: Prediction | None,
     restart: int = 0,
-) -> Trimmed | None:  # fmt: skip
+) -> TrimmedPlan | None:  # fmt: skip
     """Time one step (the largest point's second warm-up step: the first carries one-off costs; the
     largest, as its time and peak are the nearest to the probe's), estimate the plan from it and trim
     it to budget.minutes. None: refused, nothing runs.
@@ -67,7 +67,7 @@ def fit_work(
     probe, budget = s.settings.probe, s.settings.budget
     search = search_for(s, probe, prediction) if probe.enabled else None
     largest = max(todo, key=lambda shape: shape.n_tokens) if todo else None
-    as_set = Trimmed(todo, settings, probe, None, None)
+    as_set = TrimmedPlan(todo, settings, probe, None, None)
     minutes = _minutes(s)
     timed, in_flight = largest, False
     if timed is None and search is not None and minutes is not None:
@@ -97,17 +97,19 @@ def fit_work(
         LOG.warning("budget: the timed step at N=%d did not fit: no estimate, the plan runs as set",
                     timed.n_tokens)  # fmt: skip
         return as_set
-    clock = Clock(
+    clock = BudgetClock(
         planned_at if began is None else began, max(0.0, took - 2 * result.walltime_ms / 1e3), count_s
     )
     fixed = _fixed_from_pilots(measurer, todo, timed, result, settings) if search else 0.0
     restart = 0 if began is None else restart  # no first plan recorded: this one is the first
     if restart:  # the budget left, in tenths of a minute as the plan line says it
         minutes = max(0.0, round(minutes - (planned_at - clock.planned_at) / 60, 1))
-    step = Step(timed.n_tokens, result.walltime_ms / 1e3, result.peak_mem_gib, _baseline(s), clock.overhead_s,
-                clock.count_s, fixed)  # fmt: skip
+    seconds = result.walltime_ms / 1e3
+    step = PilotStep(
+        timed.n_tokens, seconds, result.peak_mem_gib, _baseline(s), clock.overhead_s, clock.count_s, fixed
+    )
     seeds = _probe_seeds(s, todo)
-    work = Work(
+    work = PlannedWork(
         tuple(todo), settings.timing.warmup, settings.timing.repeats, search, probe.measure_at_max, seeds
     )
     verdict = s.broadcast(fit_budget(work, step, minutes, budget.min_repeats) if s.lead else None)
@@ -123,7 +125,7 @@ def fit_work(
     points = list(trimmed.points)
     # Shapes compare by value: every rank reaches the same answer from rank 0's broadcast verdict.
     warmed = timed if timed in points else None
-    return Trimmed(points, settings.with_steps(repeats=trimmed.repeats), probe, warmed, clock)
+    return TrimmedPlan(points, settings.with_steps(repeats=trimmed.repeats), probe, warmed, clock)
 
 
 def _fixed_from_pilots(
@@ -205,10 +207,16 @@ def _baseline(session: RankSession) -> float:
 
 
 def _record_plan(
-    session: RankSession, work: Work, step: Step, verdict: Verdict, minutes: float, clock: Clock, restart: int
+    session: RankSession,
+    work: PlannedWork,
+    step: PilotStep,
+    verdict: BudgetVerdict,
+    minutes: float,
+    clock: BudgetClock,
+    restart: int,
 ) -> None:
     """The plan as set and what it cut into run.json: a restart's as one more line of the run's plan."""
-    line = Verdict(work, *estimate(work, step)).summary(minutes, step)  # the plan as set
+    line = BudgetVerdict(work, *estimate(work, step)).summary(minutes, step)  # the plan as set
     if restart:
         line = f"restart {restart}, {minutes:g} min of the budget left: {line}"
     LOG.info("%s", line)
@@ -235,7 +243,7 @@ def _record_plan(
 
 
 def fit_probe(
-    measurer: Measurer, work: Trimmed, prediction: Prediction | None,
+    measurer: Measurer, work: TrimmedPlan, prediction: Prediction | None,
     largest: tuple[Shape, PointResult] | None,
 ) -> ProbeConfig:  # fmt: skip
     """Before the probe, its estimate again from the largest point measured (its step and peak are
@@ -252,10 +260,12 @@ def fit_probe(
     baseline = _baseline(s)
     seeds = point_trials(s) if s.lead else []
     peaks = [(t.n, t.peak_gib - baseline) for t in seeds if t.fits and t.peak_gib]
-    step = Step(shape.n_tokens, result.walltime_ms / 1e3, result.peak_mem_gib, baseline, clock.overhead_s,
-                clock.count_s, fixed_part(peaks))  # fmt: skip
+    seconds, fixed = result.walltime_ms / 1e3, fixed_part(peaks)
+    step = PilotStep(
+        shape.n_tokens, seconds, result.peak_mem_gib, baseline, clock.overhead_s, clock.count_s, fixed
+    )
     search = search_for(s, work.probe, prediction)
-    trial = Work((), ps.warmup, ps.repeats, search, work.probe.measure_at_max, tuple(seeds))
+    trial = PlannedWork((), ps.warmup, ps.repeats, search, work.probe.measure_at_max, tuple(seeds))
     verdict = s.broadcast(fit_budget(trial, step, max(left, 1.0) / 60, ps.repeats) if s.lead else None)
     probe = verdict.work.probe.config
     if not s.lead:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -17,6 +18,7 @@ from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
 from cpbench.core import DoesNotFit
 from cpbench.measure.cap import cap_gib, lift_cap
 from cpbench.measure.memory import set_alloc_conf
+from cpbench.measure.oom import KernelFault
 from cpbench.measure.point import OutOfMemoryAlone
 from cpbench.models.pairformer import chunking
 from cpbench.rank.budget import fit_probe, fit_work
@@ -32,7 +34,7 @@ from cpbench.results.folder import RunFolder
 from cpbench.results.row import shape_key
 from cpbench.runtime import logs
 from cpbench.runtime.logs import LOG
-from cpbench.runtime.rank import rank_runtime
+from cpbench.runtime.rank import device_type, pick_backend, rank_runtime
 from cpbench.runtime.seed import deterministic
 from cpbench.settings.schema import Mode, Workflow
 from cpbench.workloads.base import Workload
@@ -42,15 +44,19 @@ def run_rank(
     spec: RunSpec, workload: Workload | None = None, relaunch: Callable[[], None] | None = None
 ) -> None:
     """One rank. `workload` is the one the launching process already built, when it is this rank.
-    `relaunch` starts the ranks again after this one ran out of memory alone, where no launching
-    process does (a SLURM job requeues itself); it runs once that N is recorded as oom."""
+    `relaunch` starts the ranks again after this one ran out of memory alone or met a kernel fault,
+    where no launching process does (a SLURM job requeues itself); it runs once that N is recorded."""
     settings = spec.settings
     dtype = getattr(torch, settings.dtype.value)
     torch.set_float32_matmul_precision(settings.matmul_precision)  # set every run: a process may run many
     deterministic(settings.mode is Mode.accuracy)  # before CUDA starts: it sets the cuBLAS workspace
-    set_alloc_conf(settings.memory.alloc_conf)  # before CUDA starts: the allocator reads it once
+    # Before CUDA starts: the allocator reads it once (a GPU rank's default: expandable segments).
+    gpu = device_type(pick_backend(settings.dist.backend)) == "cuda"
+    set_alloc_conf(settings.memory.alloc_conf, gpu=gpu)
     d = settings.dist
-    with rank_runtime(spec.topology, d.backend, d.timeout_s, dtype, settings.seed, d.cpu_threads) as ctx:
+    runtime = rank_runtime(spec.topology, d.backend, d.timeout_s, dtype, settings.seed, d.cpu_threads,
+                           socket_ifname=d.socket_ifname)  # fmt: skip
+    with runtime as ctx:
         ctx.data_path = settings.data.path
         # Agreement and result reductions run on their own CPU group, apart from the workload's.
         control = dist.new_group(backend="gloo", timeout=timedelta(seconds=d.timeout_s))
@@ -68,16 +74,22 @@ def run_rank(
                 try:
                     _run(session, spec, baseline)
                 finally:
-                    lift_cap(ctx.device)  # whatever ended the run, what follows is not capped
+                    # Whatever ended the run, what follows is not capped; but after a kernel fault a GPU's
+                    # context is dead and takes no more calls (older torch asks cudaMemGetInfo to lift it:
+                    # CUDACachingAllocator.cpp `setMemoryFraction`).
+                    if ctx.device.type != "cuda" or not isinstance(sys.exc_info()[1], KernelFault):
+                        lift_cap(ctx.device)
         except Exception as err:
             # Record the root cause before teardown: once this rank leaves, its peers fail too, and
             # the launcher must be able to tell which rank failed first and why.
             ErrorHandler().record_exception(err)
-            if isinstance(err, (OutOfMemoryAlone, DoesNotFit)) and ctx.world_size > 1:
+            if isinstance(err, (OutOfMemoryAlone, DoesNotFit, KernelFault)) and ctx.world_size > 1:
                 # Its peers are stuck in a collective it will never join, and tearing down the process
-                # group would wait for them: leave at once, and the launcher ends them too.
-                if relaunch is not None and isinstance(err, OutOfMemoryAlone):
-                    LOG.warning("%s; recorded as oom, the ranks restart to go on", err)
+                # group would wait for them (after a kernel fault, on a dead CUDA context): leave at
+                # once, and the launcher ends them too.
+                if relaunch is not None and isinstance(err, (OutOfMemoryAlone, KernelFault)):
+                    recorded = "oom" if isinstance(err, OutOfMemoryAlone) else "a kernel fault"
+                    LOG.warning("%s; recorded as %s, the ranks restart to go on", err, recorded)
                     relaunch()
                 logging.shutdown()
                 os._exit(1)

@@ -10,6 +10,7 @@ from cpbench.core import Shape
 from cpbench.measure.cap import cap_lifted
 from cpbench.measure.flops import Counted, count_over_ranks
 from cpbench.measure.memory import release
+from cpbench.measure.oom import KernelFault
 from cpbench.measure.point import OutOfMemoryAlone, PointResult, PointSettings, measure_point
 from cpbench.measure.step import StepRunner
 from cpbench.probe.in_flight import InFlight
@@ -62,6 +63,13 @@ class ModelRunner:
             # among them, writing nothing): record the point or N in flight as not fitting first.
             InFlight(s.folder).close_oom(f"rank {s.ctx.rank}: {err}")
             raise OutOfMemoryAlone(f"N={shape.n_tokens} does not fit: {err}") from err
+        except KernelFault as err:
+            # The same for a kernel fault: this rank alone may know of it, and on a GPU its context is
+            # dead. Only once it stands recorded does the rank leave as for a finding (the ranks restart
+            # and never try this N or above); else the error ends the run.
+            if not InFlight(s.folder).close_kernel(shape.n_tokens, f"rank {s.ctx.rank}: {err}"):
+                raise err.__cause__ or err from None
+            raise KernelFault(f"N={shape.n_tokens}: {err}") from err
         self._spoilt = result.status == "oom"
         return result
 

@@ -10,6 +10,7 @@ import itertools
 import pandas as pd
 
 from cpbench.core import Shape
+from cpbench.measure.cap import bound_peak_gib
 from cpbench.measure.point import PointResult, PointSettings
 from cpbench.probe.predict import Prediction
 from cpbench.probe.runner import max_fit_row, run_probe, search_config
@@ -17,7 +18,7 @@ from cpbench.probe.search import SearchConfig, Trial, answered
 from cpbench.probe.state import ProbeState
 from cpbench.rank.points import Measurer, predicted_gib
 from cpbench.rank.session import RankSession
-from cpbench.results.row import BASELINE, samples_of, shape_key
+from cpbench.results.row import BASELINE, KERNEL, samples_of, shape_key
 from cpbench.runtime.logs import LOG
 from cpbench.settings.schema import ProbeConfig
 from cpbench.sweep import run_shape
@@ -47,23 +48,29 @@ def run_probe_phase(
     if state is not None and (n := state.resume_in_flight(s.settings.launch.max_restarts)) is not None:
         LOG.warning("probe: N=%d was in flight when the last run stopped: trying it again", n)
     # The walltime points at the probe's own shapes are trials it need not step again: their fits and
-    # peaks start the ramp and the memory model.
+    # peaks start the ramp and the memory model. A kernel fault at one (the full measurement at the
+    # probe's answer among them) is that N's answer whatever the probe found there: it bounds the search.
     if state is not None:
         tried = {t.n for t in state.trials}
-        state.add_points([t for t in point_trials(s) if t.n not in tried])
+        state.add_points([t for t in point_trials(s) if t.n not in tried or t.failure == KERNEL])
     trials = list(s.broadcast(state.trials if state else None))
+    # Each N's peak in the figure the cap binds on (a GPU's reserved one), which calibrates the estimate:
+    # the walltime points' from results.csv, the probe's steps' as they are taken; alike on every rank.
+    bound = dict(s.broadcast(point_bound_peaks(s) if s.lead else None))
     estimate = prediction
 
     def search() -> SearchConfig:  # before each step: the estimate calibrated by the largest fit so far
         nonlocal estimate
-        estimate = _calibrated(s, estimate, trials)
+        estimate = _calibrated(s, estimate, trials, bound)
         return search_for(s, probe, estimate)
 
     one_step, steps = settings.single_step(), itertools.count(len(trials) + 1)
 
     def step_at(shape: Shape) -> PointResult:
         s.heartbeat.now(f"probe step {next(steps)}: N={shape.n_tokens}")
-        return measurer.model.step(shape, one_step)
+        result = measurer.model.step(shape, one_step)
+        bound[shape.n_tokens] = bound_peak_gib(s.cap, result.peak_mem_gib, result.peak_reserved_gib)
+        return result
 
     def warm_at(shape: Shape) -> PointResult | None:
         """probe.warmup steps at this N as a measurement of their own, so that the probe step after
@@ -103,19 +110,22 @@ def run_probe_phase(
 
 
 def _calibrated(
-    session: RankSession, prediction: Prediction | None, trials: list[Trial]
+    session: RankSession, prediction: Prediction | None, trials: list[Trial], bound: dict[int, float | None]
 ) -> Prediction | None:
     """probe.predict: the largest step that fit at the probe's shape (a walltime point or a probe step)
-    measured what the trace cannot see (the process, workspaces); every estimate adds it, again
-    whenever a larger step fits."""
-    fits = [t for t in trials if t.fits and t.peak_gib is not None]
+    measured what the trace cannot see (the process, workspaces; on a GPU, where the cap binds on the
+    allocator's reserved segments, what it caches and fragments too: `bound`, each N's peak in that
+    figure); every estimate adds it, again whenever a larger step fits. A step the figure was not
+    recorded for (a probe step before a restart, on a GPU) calibrates nothing."""
+    fits = [t for t in trials if t.fits and bound.get(t.n, _resident(session, t)) is not None]
     if prediction is None or not fits:
         return prediction
     top = max(fits, key=lambda t: t.n)
     if top.n == prediction.calibrated_at:
         return prediction
-    baseline = session.cap.baseline_gib if session.cap else 0.0
-    measured = session.broadcast(top.peak_gib - baseline)  # rank 0's baseline, as the rows count it
+    baseline = session.cap.bound_baseline_gib if session.cap else 0.0
+    # rank 0's baseline, as the rows count it
+    measured = session.broadcast(bound.get(top.n, _resident(session, top)) - baseline)
     calibrated = prediction.calibrated(top.n, measured, session.ctx.topology.tiling.multiple)
     if session.lead:
         session.folder.write_json(session.folder.prediction, calibrated.as_json())
@@ -127,20 +137,48 @@ def _calibrated(
     return calibrated
 
 
+def _resident(session: RankSession, trial: Trial) -> float | None:
+    """A trial's peak where the cap binds on the figure trials record (CPU), else None."""
+    return bound_peak_gib(session.cap, trial.peak_gib, None)
+
+
+def point_bound_peaks(session: RankSession) -> dict[int, float | None]:
+    """This configuration's walltime points that fit at the probe's shapes: N -> the peak in the figure
+    the cap binds on (max over ranks; None where the row lacks it)."""
+    frame = session.folder.read_results()
+    if frame.empty:
+        return {}
+    points = frame[(frame["config_hash"] == session.config_hash) & (frame["kind"] == "point")
+                   & (frame["status"] == "ok")]  # fmt: skip
+    if "source" in points.columns:
+        points = points[points["source"] != BASELINE]
+    found = {}
+    for r in points.itertuples():
+        n, samples = int(r.N_tokens), samples_of(getattr(r, "diffusion_samples", None))
+        if probe_shape(session, n) == Shape(n, int(r.N_atoms), int(r.MSA_depth), samples):
+            peak, reserved = (None if pd.isna(v) else float(v)
+                              for v in (r.peak_mem_gib, getattr(r, "peak_reserved_gib", None)))  # fmt: skip
+            found[n] = bound_peak_gib(session.cap, peak, reserved)
+    return found
+
+
 def point_trials(session: RankSession) -> list[Trial]:
-    """This configuration's walltime points that fit or ran out of memory, at the probe's shapes."""
+    """This configuration's walltime points that fit, ran out of memory or met a kernel fault, at the
+    probe's shapes."""
     frame = session.folder.read_results()
     if frame.empty:
         return []
     points = frame[(frame["config_hash"] == session.config_hash) & (frame["kind"] == "point")]
     if "source" in points.columns:
         points = points[points["source"] != BASELINE]
+    kernel = points["failure"] == KERNEL if "failure" in points.columns else False
     trials = {}
-    for r in points[points["status"].isin(["ok", "oom"])].itertuples():
+    for r in points[points["status"].isin(["ok", "oom"]) | kernel].itertuples():
         n = int(r.N_tokens)
         samples = samples_of(getattr(r, "diffusion_samples", None))
         if probe_shape(session, n) == Shape(n, int(r.N_atoms), int(r.MSA_depth), samples):
             peak, least = (None if pd.isna(v) else float(v) for v in (r.peak_mem_gib, r.peak_mem_min_gib))
+            failure = "" if pd.isna(f := getattr(r, "failure", "")) else f
             trials[n] = Trial(n=n, fits=r.status == "ok", status=r.status, peak_gib=peak, peak_min_gib=least,
-                              point=True)  # fmt: skip
+                              point=True, failure=failure)  # fmt: skip
     return sorted(trials.values(), key=lambda t: t.n)

@@ -12,7 +12,7 @@ import torch.distributed as dist
 
 from cpbench.core import RankContext
 from cpbench.measure import flops
-from cpbench.measure.cap import Cap, cap_rank
+from cpbench.measure.cap import Cap, cap_rank, warm_before_cap
 from cpbench.measure.fault import Fault
 from cpbench.measure.memory import alloc_conf
 from cpbench.measure.point import PointSettings, comm_timing
@@ -59,7 +59,10 @@ class RankSession:
         peak = broadcast(run_peak(settings, ctx.device), control)  # on CPU every rank's GEMM runs at once
         if settings.measure.count_flops:
             flops.load_counter()  # what the counter loads on first use sits under the cap, not in it
-        cap = cap_rank(settings.memory, ctx.device)
+        # NCCL connects each peer and algorithm at its first use, with buffers of its own: all of them
+        # before the cap is measured, or it counts their memory as the rank's (measure/cap.py).
+        warmed = warm_before_cap(ctx, settings.memory, control)
+        cap = cap_rank(settings.memory, ctx.device, warmed)
         return cls(settings, ctx, control, folder, workload, cap, heartbeat, mllog, peak)
 
     @property
@@ -92,7 +95,9 @@ class RankSession:
             ctx.device, pick_backend(settings.dist.backend), ctx.topology, ctx.world_size,
             int(os.environ.get("LOCAL_WORLD_SIZE", ctx.world_size)), self.config_hash,
         )  # fmt: skip
-        applied = MemoryCap(cap and cap.gib, cap and cap.baseline_gib, cap and cap.held_gib)
+        applied = MemoryCap(None, None)
+        if cap is not None:
+            applied = MemoryCap(cap.gib, cap.baseline_gib, cap.held_gib, cap.nccl_gib)
         timing, peak = comm_timing(ctx.device, point_settings), DevicePeak(**self.peak.as_json())
         meta = replace(found, seed=settings.seed, memory=applied, alloc_conf=alloc_conf(), comm_timing=timing,
                        peak=peak, workload=metadata.workload_settings(settings))  # fmt: skip

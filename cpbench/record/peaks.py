@@ -1,9 +1,20 @@
 """The peak an MFU divides by: a device's dense datasheet figure for the run's precision, a measured
 GEMM rate on CPU, or `measure.peak_tflops`. An unknown device gets no peak (a blank MFU and one line
-saying so), never another device's figure: a name is matched whole, so a GH200 is not an H200.
+saying so), never another device's figure: a name is matched whole, so a GH200 is not an H200, and a
+MIG slice is not its card.
 
 Datasheet figures are dense (no 2:4 sparsity): NVIDIA prints the sparse figure with an asterisk, and
 the dense one is half of it.
+
+A MIG slice gets no datasheet peak. NVIDIA publishes none, and none follows from the profile's name:
+its "g" counts compute slices, not SMs. On an H100 80GB, `nvidia-smi mig -lgip` lists MIG 1g.10gb with
+16 SMs and MIG 1g.20gb with 26, both "1g", and MIG 3g.40gb with 60 of the card's 132 (0.45, not
+3/7 = 0.43; jbarrow.ai/field_notes/nvidia-mig); on an A100-SXM4-40GB, MIG 7g.40gb has 98 of the card's
+108 SMs (NVIDIA developer forum, "Why MIG instances can only sum up to 98 SMs instead of the 108 SMs
+available?"; the MIG user guide's "Supported MIG Profiles" gives fractions of the SMs MIG can use, not
+of the card's). A slice's share of
+the card's figure is its SMs (torch.cuda.get_device_properties(d).multi_processor_count) over the card's:
+the user who knows both can set `measure.peak_tflops` to it.
 """
 
 from __future__ import annotations
@@ -34,20 +45,29 @@ DENSE_TFLOPS: dict[str, dict[str, float]] = {
     "H200": {"fp32": 67.0, "tf32": 494.5, "bf16": 989.0, "fp16": 989.0},
     # The same datasheet, H200 NVL column: FP32 60; TF32 835, BF16 1,671, FP16 1,671 with sparsity.
     "H200 NVL": {"fp32": 60.0, "tf32": 417.5, "bf16": 835.5, "fp16": 835.5},
-    # NVIDIA HGX B200 specifications (8 GPUs): FP32 600 TFLOPS; TF32 18, BF16 36, FP16 36 PFLOPS with
-    # sparsity; per GPU, dense.
-    "B200": {"fp32": 75.0, "tf32": 1125.0, "bf16": 2250.0, "fp16": 2250.0},
-    # NVIDIA GB200 NVL72 specifications (72 GPUs): FP32 5,760 TFLOPS; TF32 180, BF16 360, FP16 360
-    # PFLOPS with sparsity; per GPU, dense.
+    # NVIDIA GH200 Grace Hopper Superchip datasheet (resources.nvidia.com/en-us-grace-cpu/
+    # grace-hopper-superchip), its Hopper GPU: FP32 67; TF32 989, BF16 1,979, FP16 1,979 with sparsity.
+    "GH200": {"fp32": 67.0, "tf32": 494.5, "bf16": 989.0, "fp16": 989.0},
+    # Both Blackwell rows from one table, NVIDIA's Blackwell platform specifications, "Individual
+    # Blackwell GPU Specifications" (per GPU; Tensor Core figures with sparsity), as reproduced at
+    # zdszero.github.io/Computer/Artificial_Intelligence/Hardware.html and, dense, at
+    # verda.com/blog/gb300-nvl72-architecture. HGX B200 column: FP32 75 TFLOPS; TF32 2.2, FP16/BF16 4.5
+    # PFLOPS. (The HGX B200 8-GPU totals, TF32 18 PFLOPS, give 1,125 per GPU, and NVIDIA's Blackwell
+    # technical brief FP32 80: other sources, not mixed in.)
+    "B200": {"fp32": 75.0, "tf32": 1100.0, "bf16": 2250.0, "fp16": 2250.0},
+    # The same table, GB200 NVL72 column: FP32 80 TFLOPS; TF32 2.5, FP16/BF16 5 PFLOPS.
     "GB200": {"fp32": 80.0, "tf32": 1250.0, "bf16": 2500.0, "fp16": 2500.0},
 }
 # torch.cuda.get_device_name -> the table's device, matched whole word by whole word: the first match
 # wins, so the specific names come before the general ones. The names the driver gives, as recorded
 # in public runs: "NVIDIA H100 80GB HBM3" (the SXM card), "NVIDIA H100 SXM5 80GB" (some clouds),
 # "NVIDIA H100 PCIe", "NVIDIA H100 NVL", "NVIDIA H200", "NVIDIA H200 NVL", "NVIDIA A100-SXM4-80GB",
-# "NVIDIA A100 80GB PCIe", "NVIDIA B200", "NVIDIA GB200"; "NVIDIA GH200 480GB" (a Hopper with its
-# own datasheet, not in the table) and a bare "NVIDIA H100" (which card?) match nothing.
+# "NVIDIA A100 80GB PCIe", "NVIDIA B200", "NVIDIA GB200", "NVIDIA GH200 480GB" (a Hopper with its own
+# datasheet); a bare "NVIDIA H100" (which card?) matches nothing. CUDA names a MIG slice after its card
+# and profile (condor_gpu_discovery lists "NVIDIA A100-SXM4-40GB MIG 3g.20gb" and "... MIG 1g.5gb"):
+# `is_mig_slice` finds it first.
 _NAMES: tuple[tuple[str, str], ...] = (
+    (r"\bGH200\b", "GH200"),
     (r"\bGB200\b", "GB200"),
     (r"\bB200\b", "B200"),
     (r"\bH200 NVL\b", "H200 NVL"),
@@ -59,8 +79,15 @@ _NAMES: tuple[tuple[str, str], ...] = (
 )
 
 
+def is_mig_slice(name: str) -> bool:
+    """The device is a MIG slice of a card: its name carries the profile ("... MIG 3g.40gb")."""
+    return re.search(r"\bMIG\b", name) is not None
+
+
 def datasheet_device(name: str) -> str | None:
-    """The table's entry for a device name, None when it has none."""
+    """The table's entry for a device name, None when it has none (a MIG slice has none)."""
+    if is_mig_slice(name):
+        return None
     return next((device for pattern, device in _NAMES if re.search(pattern, name)), None)
 
 
@@ -135,6 +162,11 @@ def peak_of(device_type: str, device_name: str, dtype: str, matmul_precision: st
         source = f"measured: a {rate.n}^3 {rate.dtype} GEMM on {rate.threads} thread(s), not a datasheet"
         return Peak(rate.tflops, kind, source, rate)
     entry = datasheet_device(device_name)
+    if is_mig_slice(device_name):
+        return Peak(
+            None, kind, f"MIG slice {device_name!r}: no datasheet peak, NVIDIA publishes none for a slice "
+            "(set measure.peak_tflops, e.g. the card's figure x the slice's SMs / the card's SMs)"
+        )  # fmt: skip
     if entry is None:
         return Peak(
             None, kind, f"unknown device {device_name!r}: no datasheet peak (set measure.peak_tflops)"

@@ -27,6 +27,8 @@ class MemoryCap:
     budget_gib: float | None
     baseline_gib: float | None  # what rank 0 held after start-up, as its peak counts it
     held_gib: float | None = None  # CUDA: what rank 0's device held then (context, NCCL, the rest)
+    # CUDA: of that, what the NCCL warm-up before the cap took (measure/cap.py `Warmed`)
+    nccl_gib: float | None = None
 
 
 @dataclass(frozen=True)
@@ -94,6 +96,7 @@ class RunMetadata:
             if f.name == "memory" and value is not None:
                 items += [("budget_gib", value.budget_gib), ("baseline_gib", value.baseline_gib)]
                 items += [("held_gib", value.held_gib)] if value.held_gib is not None else []
+                items += [("nccl_gib", value.nccl_gib)] if value.nccl_gib is not None else []
             elif f.name not in ("memory", "peak", "workload") and value is not None:
                 items.append((f.name, value))
         return items
@@ -106,7 +109,9 @@ class RunMetadata:
     def from_json(cls, raw: dict[str, Any]) -> RunMetadata:
         known = _known(cls, raw)
         if "budget_gib" in raw:
-            known["memory"] = MemoryCap(raw["budget_gib"], raw.get("baseline_gib"), raw.get("held_gib"))
+            known["memory"] = MemoryCap(
+                raw["budget_gib"], raw.get("baseline_gib"), raw.get("held_gib"), raw.get("nccl_gib")
+            )
         if raw.get("peak"):
             known["peak"] = DevicePeak(**_known(DevicePeak, raw["peak"]))
         return cls(**known)
@@ -166,16 +171,19 @@ class PointSpread:
     n_atoms: int
     msa_depth: int
     figures: dict[str, Spread]  # figures blank in any run are left out
+    diffusion_samples: int | None = None  # the point's diffusion batch, where the workload has one
 
     def to_json(self) -> dict[str, Any]:
         size = {"N_tokens": self.n_tokens, "N_atoms": self.n_atoms, "MSA_depth": self.msa_depth}
+        if self.diffusion_samples is not None:
+            size["diffusion_samples"] = self.diffusion_samples
         return {**size, **{name: asdict(s) for name, s in self.figures.items()}}
 
     @classmethod
     def from_json(cls, raw: dict[str, Any]) -> PointSpread:
-        size = ("N_tokens", "N_atoms", "MSA_depth")
+        size = ("N_tokens", "N_atoms", "MSA_depth", "diffusion_samples")
         figures = {name: Spread(**value) for name, value in raw.items() if name not in size}
-        return cls(raw["N_tokens"], raw["N_atoms"], raw["MSA_depth"], figures)
+        return cls(raw["N_tokens"], raw["N_atoms"], raw["MSA_depth"], figures, raw.get("diffusion_samples"))
 
 
 @dataclass(frozen=True)

@@ -113,9 +113,11 @@ def ok_points(frame: pd.DataFrame) -> pd.DataFrame:
 
 def max_fit(frame: pd.DataFrame) -> pd.DataFrame:
     """Largest N_tokens that fits per (topology, cp), against cp=1 and against the ideal for memory
-    growing as N^2 (N growing as sqrt(cp)), with the first N that did not fit (`oom_at`) and whether
-    its run was oversubscribed. The cp=1 baseline is the same whatever the topology."""
-    columns = ["topology", "cp", "grid", "max_n", "vs_cp1", "ideal", "note", "oom_at", "oversubscribed"]
+    growing as N^2 (N growing as sqrt(cp)), with the first N that did not fit (`oom_at`) or that a
+    kernel fault stopped (`kernel_fault_at`) and whether its run was oversubscribed. The cp=1 baseline
+    is the same whatever the topology."""
+    columns = ["topology", "cp", "grid", "max_n", "vs_cp1", "ideal", "note", "oom_at", "kernel_fault_at",
+               "oversubscribed"]  # fmt: skip
     fits = frame[(frame["kind"] == "max-fit") & (frame["status"] == "ok")]
     if fits.empty:
         return pd.DataFrame(columns=columns)
@@ -131,16 +133,23 @@ def max_fit(frame: pd.DataFrame) -> pd.DataFrame:
             "ideal": [math.sqrt(cp) for cp in best["cp"]],
             "note": [_fit_note(r) for r in best.itertuples()],
             "oom_at": best["oom_at"].astype(float).to_numpy() if "oom_at" in best else math.nan,
+            "kernel_fault_at": (
+                best["kernel_fault_at"].astype(float).to_numpy() if "kernel_fault_at" in best else math.nan
+            ),
             "oversubscribed": oversubscribed_rows(best).to_numpy(),
         }
     ).sort_values(["cp", "topology"], ignore_index=True)
 
 
 def _fit_note(row: Any) -> str:
-    """Where the probe stopped: the first N that did not fit (`oom_at`), else any note it left."""
+    """Where the probe stopped: the first N that did not fit (`oom_at`) or that a kernel fault stopped
+    (`kernel_fault_at`: no answer about memory), else any note it left."""
     oom_at = getattr(row, "oom_at", None)
     if oom_at is not None and pd.notna(oom_at):
         return f"N={int(oom_at)} does not fit"
+    fault_at = getattr(row, "kernel_fault_at", None)
+    if fault_at is not None and pd.notna(fault_at):
+        return f"kernel fault at N={int(fault_at)}"
     error = getattr(row, "error", None)
     return "" if error is None or pd.isna(error) else str(error)
 

@@ -31,7 +31,7 @@ DOCS_DIR = Path(cpbench.__file__).resolve().parent.parent / "docs"
 
 
 @dataclass
-class Run:
+class MergedRun:
     """One run folder: its rows, metadata and how it ended."""
 
     name: str
@@ -125,7 +125,7 @@ def discover(dirs: Sequence[Path]) -> list[tuple[str, Path]]:
     return [(f"{name}#{i}" if names.count(name) > 1 else name, path) for i, (name, path) in enumerate(found)]
 
 
-def load(name: str, path: Path) -> Run:
+def load(name: str, path: Path) -> MergedRun:
     """A run folder's rows of its current configuration (run.json's config hash): rows an earlier run
     in the same folder measured under other settings are not like-for-like, and are left out."""
     folder = RunFolder(path)
@@ -135,7 +135,7 @@ def load(name: str, path: Path) -> Run:
     if config and "config_hash" in frame.columns:
         current = frame["config_hash"] == config
         frame, stale = frame[current].reset_index(drop=True), int((~current).sum())
-    return Run(
+    return MergedRun(
         name=name,
         path=path,
         frame=labelled(frame, record.metadata),
@@ -148,7 +148,7 @@ def load(name: str, path: Path) -> Run:
     )
 
 
-def combine(runs: Sequence[Run]) -> pd.DataFrame:
+def combine(runs: Sequence[MergedRun]) -> pd.DataFrame:
     """Every row of every run, in run order, with a `run` column naming its folder."""
     frames = [run.frame.assign(run=run.name) for run in runs if not run.frame.empty]
     if not frames:
@@ -174,13 +174,13 @@ def sweep_command(folder: Path) -> str | None:
 
 @dataclass
 class Merged:
-    runs: list[Run]
+    runs: list[MergedRun]
     frame: pd.DataFrame
     commands: list[str]
     report: Path | None = None
 
     @property
-    def failed(self) -> list[Run]:
+    def failed(self) -> list[MergedRun]:
         return [run for run in self.runs if run.error]
 
 
@@ -190,7 +190,7 @@ def collect(dirs: Sequence[Path]) -> Merged:
     return Merged(runs, combine(runs), commands)
 
 
-def overlapping(runs: Sequence[Run]) -> list[tuple[str, str, str]]:
+def overlapping(runs: Sequence[MergedRun]) -> list[tuple[str, str, str]]:
     """Pairs of runs (and their host) whose start (`date`) to end (`finished`) spans overlap on one host:
     they shared its devices or cores, so their walltimes do not compare."""
     spans = [
@@ -234,7 +234,7 @@ def write(
     return merged.report
 
 
-def _write_curves(runs: Sequence[Run], out: RunFolder) -> str:
+def _write_curves(runs: Sequence[MergedRun], out: RunFolder) -> str:
     """The convergence curves of every run side by side (convergence.csv with a `run` column, one plot),
     and a sentence with each run's comparison with its reference; empty without curves."""
     with_curves = [run for run in runs if not run.curve.empty]

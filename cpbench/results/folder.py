@@ -20,7 +20,7 @@ import pandas as pd
 
 from cpbench.core import ConfigError
 from cpbench.results.flight import Flight
-from cpbench.results.row import BASELINE, COLUMNS, row_key
+from cpbench.results.row import BASELINE, COLUMNS, CRASH, row_key
 from cpbench.results.store import append_rows, read_results, write_atomically
 
 
@@ -311,15 +311,17 @@ class RunFolder:
 
     # How a run ended.
     def record_failure(
-        self, code: int, error: str, detail: str = "", first: bool = False, cp: int | None = None
-    ) -> None:
-        """Write failure.json, with the cp the run was given (a run that failed early has no run.json);
-        with `first`, keep a failure already recorded (its writer saw the cause)."""
+        self, code: int, error: str, detail: str = "", first: bool = False, cp: int | None = None,
+        failure: str = "",
+    ) -> None:  # fmt: skip
+        """Write failure.json, with the cp the run was given (a run that failed early has no run.json)
+        and the failure's class (results/row.py FAILURES; blank for bad input or a signal); with
+        `first`, keep a failure already recorded (its writer saw the cause)."""
         if first and self.failure.exists():
             return
         date = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
-        failure = {"exit_code": code, "error": error, "detail": detail, "date": date, "cp": cp}
-        self.write_json(self.failure, failure)
+        record = {"exit_code": code, "error": error, "detail": detail, "date": date, "cp": cp}
+        self.write_json(self.failure, {**record, "failure": failure})
 
     def clear_failure(self) -> None:
         """A rerun starts clean: an earlier failure no longer describes the folder once it runs again."""
@@ -364,13 +366,13 @@ class PointInFlight:
         self.folder.append_results([row])
         self.abandon()
 
-    def close(self, status: str, error: str) -> dict | None:
-        """Record the point in flight with `status` (a rank raised, or ran out of memory alone);
-        return its row, if there was one."""
+    def close(self, status: str, error: str, failure: str = "") -> dict | None:
+        """Record the point in flight with `status` (a rank raised, or ran out of memory alone) and its
+        `failure` class (results/row.py FAILURES); return its row, if there was one."""
         row = self.row()
         if row is None:
             return None
-        row = {**row, "status": status, "error": error}
+        row = {**row, "status": status, "failure": failure, "error": error}
         self.finish(row)
         return row
 
@@ -391,7 +393,7 @@ class PointInFlight:
         self._save(flight)
         if flight.crashed_too_often(max_restarts):
             error = f"crashed {flight.crashes} time(s) with no out-of-memory cause"
-            self.close("crashed", error)
+            self.close("crashed", error, CRASH)
             raise RepeatedCrash(
                 f"N={row['N_tokens']} {error} (launch.max_restarts={max_restarts}); "
                 f"recorded as crashed: see {self.folder.logs}"

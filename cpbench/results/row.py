@@ -52,6 +52,11 @@ class Measured:
     # too); the largest over ranks, blank on CPU (measure/memory.py `read_peaks`).
     peak_reserved_gib: float | None = None
     device_used_gib: float | None = None
+    # GPU, since the point's start (torch.cuda.memory_stats): device allocations the caching allocator
+    # retried after freeing its cache ("num_alloc_retries": under a cap, it reached the cap holding cached
+    # blocks) and out-of-memory errors it raised ("num_ooms"); the largest over ranks, blank on CPU.
+    alloc_retries: int | None = None
+    alloc_ooms: int | None = None
     # The quantities that must not change (mode=accuracy checks them against cp=1): native training's
     # loss (its output, so also the checksum) and, in accuracy mode, the summed gradients' L2 norm.
     loss: float | None = None
@@ -62,6 +67,9 @@ class Measured:
     first_step_ms: float | None = None
     repeats_ms: str = ""  # every timed repeat's walltime (slowest rank), space-separated
     repeats: int | None = None  # the timed repeats taken (not measured: those the point was set to take)
+    # What a row that did not fit or failed ran into, one of FAILURES (docs/failures.md); blank for a
+    # point that finished (ok, or mismatch: it ran, and its answer differs from cp=1's).
+    failure: str = ""
     error: str = ""
 
     def columns(self) -> dict[str, Any]:
@@ -97,7 +105,8 @@ class ResultRow:
     chains: int | None = None
     input_msa_depth: int | None = None
     diffusion_samples: int | None = None  # per trunk pass, for a workload with a diffusion batch (fold)
-    oom_at: int | None = None  # max-fit rows: the first N that did not fit
+    oom_at: int | None = None  # max-fit rows: the first N that did not fit, when it ran out of memory
+    kernel_fault_at: int | None = None  # max-fit rows: the first N that did not run, when a kernel faulted
     measured: Measured = field(default_factory=Measured)  # its columns: the contract's first, the rest here
     # probe.predict: the fake-tensor estimate of peak_mem_gib (the baseline included, as the measure)
     predicted_peak_gib: float | None = None
@@ -181,6 +190,13 @@ def shape_key(kind: str, shape: Shape) -> str:
 
 
 BASELINE = "baseline"  # the `source` of a cp=1 baseline row
+
+# The failure classes of the `failure` column (docs/failures.md; cpbench/measure/oom.py tells them
+# apart): out of memory (status oom: does not fit), a kernel fault (an illegal memory access or a
+# device-side assertion: the CUDA context is dead), a communication error, a timeout or hang, a crash
+# (anything else: a kill, a Python error, a CUDA that cannot start).
+OOM, KERNEL, COMM, TIMEOUT, CRASH = "oom", "kernel", "comm", "timeout", "crash"
+FAILURES: tuple[str, ...] = (OOM, KERNEL, COMM, TIMEOUT, CRASH)
 
 
 # The columns DESIGN.md's contract names, first and in its order; then every other column as declared.

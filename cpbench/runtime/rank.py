@@ -5,6 +5,7 @@ from __future__ import annotations
 import ctypes.util
 import functools
 import os
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -76,6 +77,37 @@ def gpu_index(local_rank: int, local_world: int, visible: int) -> int:
 
 FLIGHT_RECORDER = "TORCH_FR_BUFFER_SIZE"  # entries torch's flight recorder keeps per process group
 
+# Where gloo and NCCL bind their sockets. Unset, gloo binds to the address the host name resolves to
+# (on some clusters a network the other nodes cannot reach), NCCL to the first interface it likes.
+GLOO_IFNAME, NCCL_IFNAME = "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"
+
+
+def check_socket_ifname(names: str | None) -> None:
+    """dist.socket_ifname names network interfaces this machine has: else a ConfigError naming the ones
+    it lacks and those it has (gloo's own failure comes later, from deep in a process group)."""
+    if names is None:
+        return
+    have = [name for _, name in socket.if_nameindex()]
+    missing = [name for name in names.split(",") if name not in have]
+    if missing:
+        raise ConfigError(
+            f"dist.socket_ifname={names}: {socket.gethostname()} has no network interface "
+            f"{', '.join(missing)} (it has {', '.join(have)})"
+        )
+
+
+def use_socket_ifname(names: str | None) -> None:
+    """dist.socket_ifname into this rank's environment, before any of its process groups starts: gloo
+    reads GLOO_SOCKET_IFNAME as each group starts (the control group too), a comma-separated list of
+    exact names; NCCL reads NCCL_SOCKET_IFNAME once, at its first communicator, as prefixes unless the
+    list starts with `=`, so it gets `=`: the same interfaces exactly. Null leaves the environment as
+    it is."""
+    if names is None:
+        return
+    check_socket_ifname(names)
+    os.environ[GLOO_IFNAME] = names
+    os.environ[NCCL_IFNAME] = f"={names}"
+
 
 def threads_per_rank(cpu_threads: int | None, local_ranks: int) -> int:
     """A CPU rank's intra-op threads: `cpu_threads`, else this machine's cores over its ranks."""
@@ -90,9 +122,12 @@ def rank_runtime(
     dtype: torch.dtype,
     seed: int,
     cpu_threads: int | None = None,
+    socket_ifname: str | None = None,
 ) -> Iterator[RankContext]:
     """Join the process group described by the torch.distributed environment (RANK, WORLD_SIZE,
-    MASTER_ADDR, ...); a lone rank without that environment gets an in-memory store."""
+    MASTER_ADDR, ...); a lone rank without that environment gets an in-memory store. `socket_ifname`:
+    the network interfaces every group of this rank binds to (`use_socket_ifname`)."""
+    use_socket_ifname(socket_ifname)
     rank = int(os.environ.get("RANK", 0))
     world_size = int(os.environ.get("WORLD_SIZE", 1))
     local_rank = int(os.environ.get("LOCAL_RANK", 0))

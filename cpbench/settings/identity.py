@@ -25,6 +25,7 @@ ROWS, BASELINE, CURVE = "config_hash", "baseline_key", "curve_key"
 
 # setting -> the identities it is part of (and why, where it is not obvious).
 PART_OF: dict[str, tuple[str, ...]] = {
+    "command": (),  # what the call does around its rows (calibrate measures as measure does)
     "workload": (ROWS, BASELINE, CURVE),
     "workload_preset": (),  # a label: the workload's settings are its identity
     "workflow": (ROWS, BASELINE),
@@ -57,6 +58,9 @@ PART_OF: dict[str, tuple[str, ...]] = {
     "job": (),  # the what-changed table's reference, not the run's
     "output_dir": (),
 }
+# Settings inside a group above that no key includes: where the ranks run, not what they compute (and
+# left out, a run's keys are what they were before the setting existed).
+LEFT_OUT: tuple[str, ...] = ("dist.socket_ifname",)  # the network interface the ranks meet on
 # The curve's settings in the order its published keys were made with (docs/reference/).
 _CURVE_ORDER = ("workload", "dtype", "shape", "seed", "optim")
 
@@ -68,7 +72,11 @@ def _hash(chosen: dict[str, Any]) -> str:
 def _part(settings: BenchConfig, identity: str, order: tuple[str, ...] | None = None) -> dict[str, Any]:
     container = OmegaConf.to_container(OmegaConf.structured(settings), resolve=True, enum_to_str=True)
     names = order or [f.name for f in dataclasses.fields(BenchConfig)]
-    return {name: container[name] for name in names if identity in PART_OF[name]}
+    chosen = {name: container[name] for name in names if identity in PART_OF[name]}
+    for dotted in LEFT_OUT:
+        group, key = dotted.split(".")
+        chosen.get(group, {}).pop(key, None)
+    return chosen
 
 
 def config_hash(settings: BenchConfig) -> str:

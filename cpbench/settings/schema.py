@@ -13,6 +13,15 @@ from omegaconf import MISSING
 from cpbench.settings.slurm import SlurmConfig
 
 
+class Command(Enum):
+    """What one call does (cpbench/app/commands.py): each `python -m cpbench.<command>` sets its own."""
+
+    measure = "measure"  # the points and the probe (python -m cpbench)
+    predict = "predict"  # the fake-tensor memory estimate alone: no rank starts
+    forecast = "forecast"  # the time model's predicted steps: no rank starts
+    calibrate = "calibrate"  # measure, then the time model's figures fitted to the run
+
+
 class Workflow(Enum):
     inference = "inference"  # the forward (with sampling where the workload has it), no autograd
     training = "training"  # forward, backward and the optimizer step, each phase timed
@@ -87,7 +96,6 @@ class ProbeConfig:
     # Estimate the per-rank peak on fake tensors first (docs/probe.md) and start the real steps at
     # the N it predicts fits the budget: one step there, one just above it, bisection only if it was off.
     predict: bool = False
-    predict_only: bool = False  # the estimate alone (python -m cpbench.predict): no real step runs
     # Steps run at each N before its measured probe step, untimed, the peak reset after them: what a
     # compiled model pays once (compilation, autotuning) is not the step's time or memory.
     warmup: int = 0
@@ -154,8 +162,6 @@ class ForecastConfig:
     # python -m cpbench.calibrate: earlier runs of its configuration (a folder or a glob pattern) whose
     # points pool with its own, each point's step the median over the runs (docs/predict.md).
     pool: str | None = None
-    enabled: bool = False  # set by `python -m cpbench.forecast`: the forecast alone, no rank starts
-    calibrate: bool = False  # set by `python -m cpbench.calibrate`: the run, then its calibration
 
 
 @dataclass
@@ -184,8 +190,9 @@ class CheckpointConfig:
 class MeasureConfig:
     """What a point measures beside its walltime and peak memory (docs/measurement.md)."""
 
-    # comm_ms from the torch profiler's communication events (any model's collectives, at the
-    # profiler's overhead) instead of cpbench's ledger, which sees only cpbench.distributed.comm.
+    # comm_ms from the torch profiler (any model's collectives, at the profiler's overhead): gloo's
+    # spans on CPU, the NCCL kernels' device time on a GPU (blank where its trace cannot tell), instead
+    # of cpbench's ledger, which sees only cpbench.distributed.comm.
     profile_comm: bool = False
     # Model FLOPs per step counted on fake tensors once per point's shape, outside the timed steps
     # (model_tflop, tflops_per_rank, mfu); false skips the count (the columns stay blank).
@@ -203,8 +210,9 @@ class MemoryConfig:
     # On CPU with budget_gib null: the machine's RAM is no device memory worth probing to its end.
     cpu_budget_gib: float | None = 2.0
     # The CUDA caching allocator's settings for the ranks (PYTORCH_CUDA_ALLOC_CONF, e.g.
-    # expandable_segments:True), set in each rank before CUDA starts; null: as the environment has it.
-    # Every run records what its ranks ran with.
+    # expandable_segments:True), set in each rank before CUDA starts; null: as the environment has it,
+    # and on a GPU expandable_segments:True where it has neither variable. Every run records what its
+    # ranks ran with.
     alloc_conf: str | None = None
 
 
@@ -220,6 +228,11 @@ class DistConfig:
     # CPU: intra-op threads per rank; null: the cores over the CP run's ranks on the machine. A cp=1
     # baseline takes its CP run's count, so that each rank is one equal "device" at every CP size.
     cpu_threads: int | None = None
+    # The network interface(s) every rank's process groups bind to, comma-separated exact names (e.g.
+    # eth0, or ib0,ib1): set in each rank, before its groups start, as GLOO_SOCKET_IFNAME and (with
+    # NCCL's `=` for exact names) NCCL_SOCKET_IFNAME. For nodes whose host name resolves to an address
+    # the others cannot reach (docs/cluster.md); null: as the environment has them.
+    socket_ifname: str | None = None
 
 
 @dataclass
@@ -239,7 +252,8 @@ class FaultConfig:
     where: str = "step"  # batch: before the step's first collective; step: between two collectives
     # oom: a real failing allocation; kill: SIGKILL; overrun (CPU): 1 GiB resident outside the cap,
     # a peak over the budget that no failing allocation reports; perturb: every module output on the
-    # rank scaled by 1 + 1e-4 in every step (a wrong answer for mode=accuracy to catch)
+    # rank scaled by 1 + 1e-4 in every step (a wrong answer for mode=accuracy to catch); kernel: the
+    # error torch raises after a kernel's illegal memory access, its class and words
     kind: str = "oom"
     # workflow=convergence: strike before this step (at_n is not used) in a run that did not resume
     # from a checkpoint, so a resumed run goes past it.
@@ -265,6 +279,7 @@ class LogConfig:
 
 @dataclass
 class BenchConfig:
+    command: Command = Command.measure  # set by the entry point (python -m cpbench.predict, ...)
     # The model benchmarked: a config group (configs/workload/), or any class with the three hooks
     # (workload._target_=pkg.mod.Class, docs/adapters.md).
     workload: Any = MISSING

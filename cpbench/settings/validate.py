@@ -9,7 +9,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from cpbench.core import ConfigError, Topology
-from cpbench.settings.schema import BenchConfig, Workflow
+from cpbench.settings.schema import BenchConfig, Command, Workflow
 from cpbench.settings.workload_config import workload_settings
 
 __all__ = ["ConfigError", "to_settings", "validate"]
@@ -55,10 +55,11 @@ def _check_forecast(settings: BenchConfig) -> None:
             _positive(f"forecast.{key}", value)
     _positive("forecast.ranks_per_node", f.ranks_per_node, allow_null=True)
     _positive("forecast.plan_max_cp", f.plan_max_cp)
-    if f.pool and not f.calibrate:
+    calibrating = settings.command is Command.calibrate
+    if f.pool and not calibrating:
         raise ConfigError("forecast.pool: the runs a calibration pools, python -m cpbench.calibrate's "
                           "(a forecast's forecast.against takes a glob pattern itself)")  # fmt: skip
-    if f.calibrate and settings.slurm.enabled:
+    if calibrating and settings.slurm.enabled:
         raise ConfigError("python -m cpbench.calibrate times ops in this process: slurm.enabled=false")
 
 
@@ -69,6 +70,16 @@ def _check_alloc_conf(conf: str | None) -> None:
         raise ConfigError(
             f"memory.alloc_conf={conf!r}: must be option:value[,option:value...] as "
             "PYTORCH_CUDA_ALLOC_CONF takes it, e.g. expandable_segments:True"
+        )
+
+
+def _check_socket_ifname(names: str | None) -> None:
+    """Exact interface names, as gloo takes them (whether this machine has them is the rank's check:
+    a SLURM job's nodes are not the login node, runtime/rank.py `check_socket_ifname`)."""
+    if names is not None and not all(re.fullmatch(r"[^\s,/:^=]{1,15}", name) for name in names.split(",")):
+        raise ConfigError(
+            f"dist.socket_ifname={names!r}: network interface names, comma-separated and exact "
+            "(e.g. eth0 or ib0,ib1), not prefixes or NCCL's ^/= patterns"
         )
 
 
@@ -131,13 +142,14 @@ def validate(settings: BenchConfig) -> Topology:
         raise ConfigError(f"probe.factor={p.factor}: must be > 1")
     if p.warmup < 0:
         raise ConfigError(f"probe.warmup={p.warmup}: must be >= 0")
-    if p.predict and not p.enabled:
+    predict_alone = settings.command is Command.predict
+    if p.predict and not p.enabled and not predict_alone:
         raise ConfigError(
             "probe.predict=true: it leads the probe; set probe.enabled=true, "
-            "or probe.predict_only=true for the estimate alone"
+            "or run python -m cpbench.predict for the estimate alone"
         )
     memory = settings.memory
-    if (p.predict or p.predict_only) and memory.budget_gib is None and memory.cpu_budget_gib is None:
+    if (p.predict or predict_alone) and memory.budget_gib is None and memory.cpu_budget_gib is None:
         raise ConfigError("probe.predict: needs a per-rank budget: set memory.budget_gib")
     _positive("memory.budget_gib", settings.memory.budget_gib, allow_null=True)
     _positive("memory.cpu_budget_gib", settings.memory.cpu_budget_gib, allow_null=True)
@@ -150,6 +162,7 @@ def validate(settings: BenchConfig) -> Topology:
     _positive("dist.agree_timeout_s", settings.dist.agree_timeout_s)
     if settings.dist.backend not in (None, "gloo", "nccl"):
         raise ConfigError(f"dist.backend={settings.dist.backend}: allowed values are null (auto), gloo, nccl")
+    _check_socket_ifname(settings.dist.socket_ifname)
     if settings.matmul_precision not in MATMUL_PRECISIONS:
         raise ConfigError(
             f"matmul_precision={settings.matmul_precision}: allowed values are {', '.join(MATMUL_PRECISIONS)}"
@@ -161,8 +174,8 @@ def validate(settings: BenchConfig) -> Topology:
 
 def _check_fault(settings: BenchConfig, cp: int) -> None:
     f = settings.fault
-    if f.kind not in ("oom", "kill", "overrun", "perturb"):
-        raise ConfigError(f"fault.kind={f.kind}: allowed values are oom, kill, overrun, perturb")
+    if f.kind not in ("oom", "kill", "overrun", "perturb", "kernel"):
+        raise ConfigError(f"fault.kind={f.kind}: allowed values are oom, kill, overrun, perturb, kernel")
     if f.kind == "perturb" and f.where != "step":
         raise ConfigError(
             f"fault.where={f.where}: fault.kind=perturb changes the step's outputs; use where=step"
@@ -200,7 +213,7 @@ def _check_data(settings: BenchConfig) -> None:
     from cpbench.inputs import FeatureError, load_features
 
     path = settings.data.path
-    if settings.probe.enabled or settings.probe.predict_only:
+    if settings.probe.enabled or settings.command is Command.predict:
         raise ConfigError(
             "probe.enabled=true: a feature file (data.path) has one N_tokens; "
             "set probe.enabled=false to measure it"

@@ -11,7 +11,7 @@ import torch
 
 from cpbench.core import Shape, Topology
 from cpbench.measure.cap import cap_gib, cap_rank, lift_cap
-from cpbench.measure.memory import release
+from cpbench.measure.memory import release, set_alloc_conf
 from cpbench.measure.step import StepRunner
 from cpbench.models.pairformer import chunking
 from cpbench.runtime.rank import device_type, pick_backend, rank_runtime, threads_per_rank
@@ -38,6 +38,8 @@ def time_ops(settings: BenchConfig, workload: Workload, shapes: Sequence[Shape],
     threads = threads_per_rank(settings.dist.cpu_threads, settings.topology.cp)
     dtype = getattr(torch, settings.dtype.value)
     one = Topology.from_config("1d", 1, None)
+    # Before CUDA starts here (a fresh process: app/forecast.py), the allocator settings a rank takes.
+    set_alloc_conf(settings.memory.alloc_conf, gpu=device_type(backend) == "cuda")
     timed = []
     with rank_runtime(one, backend, settings.dist.timeout_s, dtype, settings.seed, threads) as ctx:
         # The run's allocator settings (fresh pages cost what they did there), not its limit: a shape
@@ -71,3 +73,14 @@ def _time_shape(settings: BenchConfig, workload: Workload, shape: Shape, ctx) ->
     batch = model = runner = None
     release(ctx.device)
     return times.scaled_to(statistics.median(plain))
+
+
+def at_run_speed(
+    timed: dict[Shape, OpTimes], run_steps: dict[Shape, float]
+) -> tuple[list[OpTimes], list[float]]:
+    """The op-timed steps (by shape, in order) at the run's speed, and the ratios that set it: they
+    ran in one minute, the run's steps over many, so one factor, the median over the shapes of the
+    run's cp=1 step (`run_steps`, seconds) over the plain step here, scales them all (none: 1)."""
+    ratios = [run_steps[shape] / t.step_s for shape, t in timed.items() if shape in run_steps]
+    drift = statistics.median(ratios) if ratios else 1.0
+    return [t.scaled_to(t.step_s * drift) for t in timed.values()], ratios

@@ -12,6 +12,7 @@ import pandas as pd
 
 from cpbench.record.run_record import RunMetadata
 from cpbench.report.analysis import max_fit, ok_points
+from cpbench.report.cells import table
 
 SIZE = ["N_tokens", "N_atoms", "MSA_depth"]
 
@@ -95,13 +96,13 @@ def lines(frame: pd.DataFrame, metas: Mapping[str, RunMetadata]) -> list[str]:
     scaled = scaling(frame, shared).set_index(["topology", "cp", *SIZE])["scaling"]
     header = ["topology", "cp", "N_tokens", "N_atoms", "MSA", "model TFLOP/step", "TFLOP/s per rank", "MFU",
               named, "comm share"]  # fmt: skip
-    out += ["", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    body = []
     for key, r in figures.iterrows():
         comm = 0.0 if key[1] == 1 and pd.isna(r["comm_ms"]) else r["comm_ms"]  # one rank: no collectives
         share = comm / r["walltime_ms"]
-        cells = [*key, _fmt(r["model_tflop"], ".4g"), _fmt(r["tflops_per_rank"], ".4g"),
-                 _fmt(r["mfu"], ".1%"), _fmt(scaled.get(key), ".2f"), _fmt(share, ".0%")]  # fmt: skip
-        out.append("| " + " | ".join(str(c) for c in cells) + " |")
+        body.append([*key, _fmt(r["model_tflop"], ".4g"), _fmt(r["tflops_per_rank"], ".4g"),
+                     _fmt(r["mfu"], ".1%"), _fmt(scaled.get(key), ".2f"), _fmt(share, ".0%")])  # fmt: skip
+    out += ["", *table(header, body)]
     fits = max_fit(frame)
     grown = fits[(fits["cp"] > 1) & fits["vs_cp1"].notna()]
     if not grown.empty:

@@ -1,7 +1,10 @@
 """The readout: one paragraph per like-for-like group, sentence by sentence (the baseline, max N at
-each CP size against cp=1, the dominant cost, the walltime gained, noise, failures, the estimate)."""
+each CP size against cp=1, a kernel fault that ended the probe, the dominant cost, the walltime gained,
+noise, failures, the estimate)."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import pandas as pd
 
@@ -18,11 +21,13 @@ from cpbench.report.analysis import (
     prediction_errors,
 )
 from cpbench.report.peak_terms import edge_sentence
-from cpbench.results.row import BASELINE, samples_of
+from cpbench.results.row import BASELINE, COMM, KERNEL, TIMEOUT, samples_of
 
 
 def _max_n_sentences(frame: pd.DataFrame) -> list[str]:
     fits = max_fit(frame)
+    if fits.empty and (frame["kind"] == "max-fit").any():  # nothing fit: the failure sentences say why
+        return []
     if fits.empty:
         return ["Max N_tokens was not probed here (no max-fit rows; probe.enabled=true measures it)."]
     several = fits["topology"].nunique() > 1
@@ -168,12 +173,42 @@ def _noise_sentences(frame: pd.DataFrame) -> list[str]:
     ]
 
 
+def _kernel_sentences(frame: pd.DataFrame) -> list[str]:
+    """Where a kernel fault ended the probe (`kernel_fault_at`): that edge is the kernel's, and says
+    nothing about memory."""
+    if "kernel_fault_at" not in frame.columns:
+        return []
+    rows = frame[(frame["kind"] == "max-fit") & frame["kernel_fault_at"].notna()]
+    if rows.empty:
+        return []
+    topologies = frame["topology"].nunique() > 1
+    several = topologies or frame["cp"].nunique() > 1
+    parts = []
+    for r in rows.sort_values(["cp", "topology"]).itertuples():
+        where = (f" at cp={r.cp}" if several else "") + (f" {r.topology}" if topologies else "")
+        ran = f"the largest N that ran is {r.N_tokens}" if r.status == "ok" else "no N ran"
+        parts.append(f"kernel fault at N={int(r.kernel_fault_at)}{where} ({ran})")
+    return [
+        "The probe stopped at a kernel fault, not at the memory's edge: " + "; ".join(parts) + ". A kernel "
+        "fault is an illegal memory access or a device-side assertion in a kernel; no N from it up was tried "
+        "again, so how far memory alone would go is not measured."
+    ]
+
+
+# A failed row's word in the readout: its failure class where that says more than its status.
+_FAILURE_WORDS = {KERNEL: "kernel fault", COMM: "communication error", TIMEOUT: "timeout"}
+
+
 def _failure_sentences(frame: pd.DataFrame) -> list[str]:
     several = frame["cp"].nunique() > 1
 
+    def word(row: Any) -> str:
+        failure = getattr(row, "failure", "")
+        return _FAILURE_WORDS.get(failure, row.status) if isinstance(failure, str) else row.status
+
     def points(rows: pd.DataFrame) -> str:
         return "; ".join(
-            f"N={r.N_tokens}" + (f" cp={r.cp}" if several else "") + f" {r.status}" for r in rows.itertuples()
+            f"N={r.N_tokens}" + (f" cp={r.cp}" if several else "") + f" {word(r)}" for r in rows.itertuples()
         )
 
     wrong = frame[frame["status"] == "mismatch"]
@@ -201,6 +236,7 @@ def _prediction_sentences(frame: pd.DataFrame) -> list[str]:
 SENTENCES = (
     _baseline_sentences,
     _max_n_sentences,
+    _kernel_sentences,
     _comm_sentences,
     _speed_sentences,
     _noise_sentences,

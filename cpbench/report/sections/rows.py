@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import pandas as pd
 
 from cpbench.report.analysis import noisy
-from cpbench.report.cells import fmt
+from cpbench.report.cells import fmt, table
 
 # Column -> header, in the table's order.
 HEADERS = {
@@ -31,19 +31,20 @@ def table_lines(frame: pd.DataFrame, extra: Sequence[str] = ()) -> list[str]:
             cols.remove(optional)
     if "preset" in cols and (frame["preset"].isna() | (frame["preset"] == frame["workload"])).all():
         cols.remove("preset")  # it says nothing the workload's name does not
-    lines = ["| " + " | ".join(HEADERS.get(c, c) for c in cols) + " |", "|" + "---|" * len(cols)]
     shown = frame.copy()
-    if "oom_at" in shown.columns:  # a max-fit row names the first N that did not fit
-        at = (shown["kind"] == "max-fit") & shown["oom_at"].notna()
-        shown.loc[at, "status"] = (
-            shown.loc[at, "status"].astype(str) + ", OOM@" + shown.loc[at, "oom_at"].astype(int).astype(str)
-        )
+    # A max-fit row names the first N that did not fit: out of memory, or a kernel fault (no memory edge).
+    for column, mark in (("oom_at", "OOM"), ("kernel_fault_at", "kernel fault")):
+        if column in shown.columns:
+            at = (shown["kind"] == "max-fit") & shown[column].notna()
+            edge = shown.loc[at, column].astype(int).astype(str)
+            shown.loc[at, "status"] = shown.loc[at, "status"].astype(str) + f", {mark}@" + edge
     shown.loc[noisy(shown), "status"] = "ok, noisy"
-    for row in shown[cols].itertuples(index=False):
-        # Checksums keep enough digits to tell two runs apart.
-        cells = (fmt(v, 12 if c == "checksum" else 6) for c, v in zip(cols, row, strict=True))
-        lines.append("| " + " | ".join(cells) + " |")
-    return lines
+    # Checksums keep enough digits to tell two runs apart.
+    body = [
+        [fmt(v, 12 if c == "checksum" else 6) for c, v in zip(cols, row, strict=True)]
+        for row in shown[cols].itertuples(index=False)
+    ]
+    return table([HEADERS.get(c, c) for c in cols], body)
 
 
 def error_lines(frame: pd.DataFrame, with_run: bool = False) -> list[str]:

@@ -23,6 +23,7 @@ LABELS = {
     "budget_gib": "memory budget GiB (per rank)",
     "baseline_gib": "start-up baseline GiB (rank 0)",
     "held_gib": "GPU memory held after start-up GiB (rank 0's device)",
+    "nccl_gib": "of it, NCCL's warm-up before the cap GiB (rank 0's device)",
     "alloc_conf": "CUDA allocator settings (PYTORCH_CUDA_ALLOC_CONF)", "commit": "project commit",
 }  # fmt: skip
 
