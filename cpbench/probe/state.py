@@ -81,7 +81,7 @@ class ProbeState:
         self.flight = self.flight.start(n, n == self.in_flight)
         self._save()
 
-    def land(self) -> None:
+    def clear_in_flight(self) -> None:
         """The N in flight ended with no answer to record (the time budget's step at the probe's start,
         which fit: the probe steps it under its own cap)."""
         self.flight = Flight()

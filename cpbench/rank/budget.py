@@ -21,10 +21,8 @@ from cpbench.preview.budget import (
 )
 from cpbench.preview.changes import budget_rows
 from cpbench.probe.predict import Prediction
-from cpbench.probe.search import SearchConfig, Trial, bounds
-from cpbench.probe.state import ProbeState
 from cpbench.rank.points import Measurer
-from cpbench.rank.probe import point_trials, probe_shape, search_for
+from cpbench.rank.probe import pilot_probe_step, probe_seeds, probe_step_to_time, search_for
 from cpbench.rank.session import RankSession
 from cpbench.record import run_record
 from cpbench.record.run_record import TimeBudget
@@ -71,7 +69,7 @@ def fit_work(
     minutes = _minutes(s)
     timed, in_flight = largest, False
     if timed is None and search is not None and minutes is not None:
-        timed, in_flight = _probe_step_to_time(s, search)
+        timed, in_flight = probe_step_to_time(s, search)
     if minutes is None or timed is None:
         return as_set
     began = _first_planned_at(s) if restart else None
@@ -81,18 +79,14 @@ def fit_work(
         measurer.model.count(timed)
     count_s = s.broadcast(time.perf_counter() - timer)
     timer = time.perf_counter()
-    state = ProbeState(s.folder, s.config_hash) if s.lead and in_flight else None
+    one_step = settings.with_steps(warmup=1, repeats=1).fixed()
     if todo:  # the largest point's own warm-up: a crash in it is that point's
         measurer.recorder.start(measurer.row(timed, "point", settings.timing.repeats, prediction))
-    elif state is not None:  # the probe's start: out of memory in it, even on one rank alone, is its answer
-        state.start(timed.n_tokens)
-    result = measurer.model.step(timed, settings.with_steps(warmup=1, repeats=1).fixed())
+    if in_flight:  # the probe's start, as the probe's own N in flight
+        result = pilot_probe_step(measurer, timed, one_step)
+    else:
+        result = measurer.model.step(timed, one_step)
     took = s.broadcast(time.perf_counter() - timer)  # rank 0's, on every rank
-    if state is not None and result.status == "ok":
-        state.land()
-    elif state is not None:
-        state.finish(Trial(timed.n_tokens, fits=False, status=result.status, peak_gib=result.peak_mem_gib,
-                           peak_min_gib=result.peak_mem_min_gib))  # fmt: skip
     if result.status != "ok":
         LOG.warning("budget: the timed step at N=%d did not fit: no estimate, the plan runs as set",
                     timed.n_tokens)  # fmt: skip
@@ -108,7 +102,7 @@ def fit_work(
     step = PilotStep(
         timed.n_tokens, seconds, result.peak_mem_gib, _baseline(s), clock.overhead_s, clock.count_s, fixed
     )
-    seeds = _probe_seeds(s, todo)
+    seeds = probe_seeds(s, todo)
     work = PlannedWork(
         tuple(todo), settings.timing.warmup, settings.timing.repeats, search, probe.measure_at_max, seeds
     )
@@ -149,41 +143,6 @@ def _fixed_from_pilots(
         (timed.n_tokens, result.peak_mem_gib - baseline),
     ]
     return s.broadcast(fixed_part(peaks))
-
-
-def _probe_step_to_time(session: RankSession, search: SearchConfig) -> tuple[Shape | None, bool]:
-    """With no point left to measure, the step to time, and whether it is the probe's N in flight while
-    it runs. Before the probe has an answer of its own: its start, in flight, so that running out of
-    memory there, even on one rank alone, is the probe's answer (not in flight, an out-of-memory alone
-    in it restarted the ranks into the same step forever). After (a restart mid-probe): the largest N
-    known to fit, not in flight, as the probe's N in flight stays its own. None: the start is known not
-    to fit, or no N is known to fit."""
-    trials = None
-    if session.lead:
-        trials = [*point_trials(session), *ProbeState(session.folder, session.config_hash).trials]
-    trials = session.broadcast(trials)
-    if not any(not t.point for t in trials):
-        start = probe_shape(session, search.config.start)
-        if not any(t.n == start.n_tokens and not t.fits for t in trials):
-            return start, True
-    elif (best := bounds(trials)[0]) is not None:
-        return probe_shape(session, best.n), False
-    if session.lead:
-        LOG.info("budget: no step to time (the probe's start, or every N it tried, does not fit): no "
-                 "estimate, the plan runs as set")  # fmt: skip
-    return None, False
-
-
-def _probe_seeds(session: RankSession, todo: list[Shape]) -> tuple[Trial, ...]:
-    """The points at the probe's shape, measured already or to be (peak unknown): its first trials."""
-    measured = point_trials(session) if session.lead else []
-    tried = {t.n for t in measured}
-    to_measure = [
-        Trial(shape.n_tokens, fits=True, status="ok", point=True)
-        for shape in todo
-        if shape == probe_shape(session, shape.n_tokens) and shape.n_tokens not in tried
-    ]
-    return (*measured, *to_measure)
 
 
 def _minutes(session: RankSession) -> float | None:
@@ -258,7 +217,7 @@ def fit_probe(
     left = _minutes(s) * 60 - (time.time() - work.clock.planned_at)
     clock = work.clock
     baseline = _baseline(s)
-    seeds = point_trials(s) if s.lead else []
+    seeds = probe_seeds(s, [])  # the points measured, all of them
     peaks = [(t.n, t.peak_gib - baseline) for t in seeds if t.fits and t.peak_gib]
     seconds, fixed = result.walltime_ms / 1e3, fixed_part(peaks)
     step = PilotStep(

@@ -14,7 +14,7 @@ from cpbench.measure.cap import bound_peak_gib
 from cpbench.measure.point import PointResult, PointSettings
 from cpbench.probe.predict import Prediction
 from cpbench.probe.runner import max_fit_row, run_probe, search_config
-from cpbench.probe.search import SearchConfig, Trial, answered
+from cpbench.probe.search import SearchConfig, Trial, answered, bounds
 from cpbench.probe.state import ProbeState
 from cpbench.rank.points import Measurer, predicted_gib
 from cpbench.rank.session import RankSession
@@ -35,6 +35,59 @@ def search_for(session: RankSession, probe: ProbeConfig, prediction: Prediction 
     limit = session.broadcast(cap.gib + cap.baseline_gib) if cap else None
     proposal = prediction.proposal if prediction else None
     return search_config(probe, session.ctx.topology, limit, proposal)
+
+
+def probe_step_to_time(session: RankSession, search: SearchConfig) -> tuple[Shape | None, bool]:
+    """For the time budget, with no point left to measure: the step to time, and whether it is the
+    probe's N in flight while it runs. Before the probe has an answer of its own: its start, in flight,
+    so that running out of memory there, even on one rank alone, is the probe's answer (not in flight,
+    an out-of-memory alone in it restarted the ranks into the same step forever). After (a restart
+    mid-probe): the largest N known to fit, not in flight, as the probe's N in flight stays its own.
+    None: the start is known not to fit, or no N is known to fit."""
+    trials = None
+    if session.lead:
+        trials = [*point_trials(session), *ProbeState(session.folder, session.config_hash).trials]
+    trials = session.broadcast(trials)
+    if not any(not t.point for t in trials):
+        start = probe_shape(session, search.config.start)
+        if not any(t.n == start.n_tokens and not t.fits for t in trials):
+            return start, True
+    elif (best := bounds(trials)[0]) is not None:
+        return probe_shape(session, best.n), False
+    if session.lead:
+        LOG.info("budget: no step to time (the probe's start, or every N it tried, does not fit): no "
+                 "estimate, the plan runs as set")  # fmt: skip
+    return None, False
+
+
+def pilot_probe_step(measurer: Measurer, shape: Shape, settings: PointSettings) -> PointResult:
+    """The time budget's step at the probe's start, taken as the probe's N in flight: a step that does
+    not fit is the probe's answer there; one that fits answers nothing (the probe steps that N again
+    under its own cap) and leaves nothing in flight."""
+    s = measurer.session
+    state = ProbeState(s.folder, s.config_hash) if s.lead else None
+    if state is not None:
+        state.start(shape.n_tokens)
+    result = measurer.model.step(shape, settings)
+    if state is not None and result.status == "ok":
+        state.clear_in_flight()
+    elif state is not None:
+        state.finish(Trial(shape.n_tokens, fits=False, status=result.status, peak_gib=result.peak_mem_gib,
+                           peak_min_gib=result.peak_mem_min_gib))  # fmt: skip
+    return result
+
+
+def probe_seeds(session: RankSession, todo: list[Shape]) -> tuple[Trial, ...]:
+    """The probe's first trials, for the time budget's estimate of its steps: the walltime points at
+    its shape, measured already or still to be (peak unknown)."""
+    measured = point_trials(session) if session.lead else []
+    tried = {t.n for t in measured}
+    to_measure = [
+        Trial(shape.n_tokens, fits=True, status="ok", point=True)
+        for shape in todo
+        if shape == probe_shape(session, shape.n_tokens) and shape.n_tokens not in tried
+    ]
+    return (*measured, *to_measure)
 
 
 def run_probe_phase(
