@@ -28,10 +28,11 @@ class CheckOutputDir(Callback):
     @staticmethod
     def _check(path: str) -> None:
         from cpbench.core import ConfigError
-        from cpbench.results.folder import RunFolder
+        from cpbench.results.lock import check_writable
+        from cpbench.results.paths import RunPaths
 
         try:
-            RunFolder(Path(path).resolve()).check_writable()
+            check_writable(RunPaths(Path(path).resolve()))
         except ConfigError as err:
             print(f"cpbench: error: {err}", file=sys.stderr)
             raise SystemExit(2) from None

@@ -23,6 +23,7 @@ from cpbench.launch.local import LocalLauncher, LocalSettings
 from cpbench.rank import RunSpec, walltime_points
 from cpbench.record import run_record
 from cpbench.report.single import write_report
+from cpbench.results import lock
 from cpbench.results.folder import RunFolder
 from cpbench.results.row import BASELINE, shape_key
 from cpbench.settings.cp1 import cp1_settings
@@ -83,7 +84,7 @@ def run_baseline(settings: BenchConfig, root: Path, notify: Notify) -> RunFolder
         print(f"cpbench: cp=1 baseline from the cache: {folder.root}", file=sys.stderr)
         return folder
     print(f"cpbench: measuring the cp=1 baseline first -> {folder.root}", file=sys.stderr)
-    with folder.lock():
+    with lock.hold(folder):
         folder.clear_failure()
         try:
             alone = LocalSettings(1, base.launch.max_restarts, in_process=False, backend=base.dist.backend)

@@ -23,7 +23,9 @@ from cpbench.record import run_record
 from cpbench.record.run_record import Change
 from cpbench.report.sections.what_changed import what_changed_lines
 from cpbench.report.single import write_report
-from cpbench.results.folder import FolderLocked, RunFolder
+from cpbench.results import lock
+from cpbench.results.folder import RunFolder
+from cpbench.results.lock import FolderLocked
 from cpbench.runtime.seed import deterministic
 from cpbench.settings.schema import BenchConfig, Mode
 from cpbench.workloads.base import Workload, traits
@@ -49,7 +51,7 @@ def run(cfg: DictConfig, in_sweep: bool = False, baseline_root: Path | None = No
     if launcher.leads and launcher.runs_here:
         before = Snapshot.take(Path.cwd(), (folder.root, folder.root.parent) if in_sweep else (folder.root,))
     try:
-        with folder.lock() if launcher.leads else contextlib.nullcontext():
+        with lock.hold(folder) if launcher.leads else contextlib.nullcontext():
             code = _campaign(folder, checked, changes, baseline_root or folder.root)
         if before is not None:
             _check_footprint(folder, before)

@@ -35,6 +35,7 @@ from cpbench.experiment.plan import (
 from cpbench.experiment.verdict import change_pct, judge, judge_max_n, median_change
 from cpbench.record import run_record
 from cpbench.report.experiments import write_experiments
+from cpbench.results import lock
 from cpbench.results.folder import RunFolder
 from cpbench.results.row import samples_of
 
@@ -268,7 +269,7 @@ def run_plan(cfg: DictConfig, cli: Sequence[str], check: Check, run_one: RunOne)
             root.rmdir()  # Hydra made it for this run; a refused plan leaves nothing
         return 2
     try:
-        with plan.root.lock():
+        with lock.hold(plan.root):
             return plan.run()
     except ConfigError as err:  # another run holds output_dir
         print(f"cpbench: error: {err}", file=sys.stderr)

@@ -1,247 +1,27 @@
-"""The run folder's one owner: every path a run writes, and their atomic reads and writes.
-
-Launchers, the rank loop, the probe and the report reach the folder through `RunFolder`; no other
-module names a file in it. The point in flight (`PointInFlight`) lives here too: it is what lets a run
-that died leave a row behind, and what a requeue abandons so the point is measured again."""
+"""A run folder's files read and written, each write atomic: results.csv, comm_ops.csv, failure.json,
+the convergence curve, any JSON beside them. Launchers, the rank loop, the probe and the report reach
+the folder through `RunFolder`; no other module names a file in it (paths.py names them). The point in
+flight (`PointInFlight`) lives here too: it is what lets a run that died leave a row behind, and what a
+requeue abandons so the point is measured again."""
 
 from __future__ import annotations
 
 import datetime as dt
-import fcntl
 import json
-import os
-import socket
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
-from cpbench.core import ConfigError
 from cpbench.results.flight import Flight
+from cpbench.results.paths import RunPaths
 from cpbench.results.row import BASELINE, COLUMNS, CRASH, row_key
 from cpbench.results.store import append_rows, read_results, write_atomically
 
 
-class FolderLocked(ConfigError):
-    """Another run holds the folder."""
-
-
-class RunFolder:
-    RESULTS = "results.csv"
-    COMM_OPS = "comm_ops.csv"  # per measured point and op label: calls, bytes and seconds per step
-    STATE = "state.json"  # the point in flight
-    PROBE_STATE = "probe_state.json"  # every N the probe tried, and the N in flight
-    PROBE_CSV = "probe.csv"
-    PREDICTION = "prediction.json"  # probe.predict: the fake-tensor estimate at each traced N
-    CALIBRATION = "calibration.yaml"  # python -m cpbench.calibrate: the machine's figures (docs/predict.md)
-    FORECAST = "forecast.md"  # python -m cpbench.forecast: the predicted times and the planning table
-    RUN = "run.json"  # the run's metadata
-    FAILURE = "failure.json"  # how a run that did not finish ended
-    REPORT = "cp_benchmark.md"
-    LOGS = "logs"
-    CONVERGENCE = "convergence.csv"  # workflow=convergence: loss and gradient norm per step
-    CONVERGENCE_PLOT = "convergence.png"
-    MAX_N_PLOT = "cp_benchmark_max_n.png"  # the report's plots (a sweep folder's merged report too)
-    WALLTIME_PLOT = "cp_benchmark_walltime.png"
-    MFU_PLOT = "cp_benchmark_mfu.png"
-    BASELINE = "baseline"  # the cp=1 baseline's run folders, one per configuration: baseline/<key>/
-    CHECKPOINTS = "checkpoints"  # one torch.distributed.checkpoint folder per saved step
-    MLLOG = "mllog.txt"  # the run in MLPerf's logging format
-    SLURM = "slurm"  # submitit's pickles and every task's logs, one folder per job
-    EXPERIMENTS = "experiments"  # a plan's sub-runs, one run folder each (experiments/<name>/)
-    EXPERIMENTS_CSV = "experiments.csv"  # a plan's verdicts
-    EXPERIMENTS_MD = "experiments.md"
-    EXPERIMENTS_PNG = "experiments_walltime.png"
-    LOCK = ".cpbench.lock"  # held by the process that runs the folder's run; names it
-    REPEATS = "repeat_check"  # repeat_check: the second and later runs, run2, run3, ...
-    # Files only a run folder holds; a sweep folder holds run folders (its own results.csv is a merge).
-    MARKERS = (RESULTS, RUN, FAILURE, STATE, CONVERGENCE)
-
-    def __init__(self, root: Path | str):
-        self.root = Path(root)
-
-    def __repr__(self) -> str:
-        return f"RunFolder({str(self.root)!r})"
-
-    # Paths.
-    @property
-    def results(self) -> Path:
-        return self.root / self.RESULTS
-
-    @property
-    def comm_ops(self) -> Path:
-        return self.root / self.COMM_OPS
-
-    @property
-    def state(self) -> Path:
-        return self.root / self.STATE
-
-    @property
-    def probe_state(self) -> Path:
-        return self.root / self.PROBE_STATE
-
-    @property
-    def probe_csv(self) -> Path:
-        return self.root / self.PROBE_CSV
-
-    @property
-    def prediction(self) -> Path:
-        return self.root / self.PREDICTION
-
-    @property
-    def calibration(self) -> Path:
-        return self.root / self.CALIBRATION
-
-    @property
-    def forecast(self) -> Path:
-        return self.root / self.FORECAST
-
-    @property
-    def run_json(self) -> Path:
-        return self.root / self.RUN
-
-    @property
-    def failure(self) -> Path:
-        return self.root / self.FAILURE
-
-    @property
-    def report(self) -> Path:
-        return self.root / self.REPORT
-
-    @property
-    def logs(self) -> Path:
-        return self.root / self.LOGS
-
-    @property
-    def convergence(self) -> Path:
-        return self.root / self.CONVERGENCE
-
-    @property
-    def convergence_plot(self) -> Path:
-        return self.root / self.CONVERGENCE_PLOT
-
-    @property
-    def max_n_plot(self) -> Path:
-        return self.root / self.MAX_N_PLOT
-
-    @property
-    def walltime_plot(self) -> Path:
-        return self.root / self.WALLTIME_PLOT
-
-    @property
-    def mfu_plot(self) -> Path:
-        return self.root / self.MFU_PLOT
-
-    def baseline_run(self, key: str) -> RunFolder:
-        """The cp=1 baseline's run folder for the configuration hashed to `key`."""
-        return RunFolder(self.root / self.BASELINE / key)
-
-    @property
-    def checkpoints(self) -> Path:
-        return self.root / self.CHECKPOINTS
-
-    def checkpoint(self, step: int) -> Path:
-        """The checkpoint taken after `step` steps."""
-        return self.checkpoints / f"step_{step:06d}"
-
-    @property
-    def mllog(self) -> Path:
-        return self.root / self.MLLOG
-
-    def rank_log(self, rank: int) -> Path:
-        return self.logs / f"rank{rank}.log"
-
-    @property
-    def launch_logs(self) -> Path:
-        return self.logs / "launch"
-
-    @property
-    def slurm(self) -> Path:
-        return self.root / self.SLURM
-
-    def slurm_job(self, job_id: str) -> Path:
-        """A job's own folder; `%j` is the pattern submitit fills with the job id."""
-        return self.slurm / job_id
-
-    @property
-    def submitted(self) -> Path:
-        return self.slurm / "submitted.json"
-
-    @property
-    def sbatch_script(self) -> Path:
-        return self.slurm / "cpbench.sbatch"
-
-    def repeat_run(self, number: int) -> RunFolder:
-        """The `number`th run of a repeat check (this folder's own run is the first)."""
-        return RunFolder(self.root / self.REPEATS / f"run{number}")
-
-    def experiment_run(self, name: str) -> RunFolder:
-        """The run folder of one run of a plan: an experiment, or a measurement of its reference."""
-        return RunFolder(self.root / self.EXPERIMENTS / name)
-
-    @property
-    def experiments_csv(self) -> Path:
-        return self.root / self.EXPERIMENTS_CSV
-
-    @property
-    def experiments_md(self) -> Path:
-        return self.root / self.EXPERIMENTS_MD
-
-    @property
-    def experiments_png(self) -> Path:
-        return self.root / self.EXPERIMENTS_PNG
-
-    def check_writable(self) -> None:
-        """Fail before anything starts when the folder cannot hold a run (a file, no permission)."""
-        if self.root.exists() and not self.root.is_dir():
-            raise ConfigError(f"output_dir={self.root}: is a file; give a folder")
-        try:
-            self.root.mkdir(parents=True, exist_ok=True)
-            with open(self.root / f".cpbench-write-test-{os.getpid()}", "w") as probe:
-                os.unlink(probe.name)
-        except OSError as err:
-            raise ConfigError(f"output_dir={self.root}: cannot be written ({err.strerror})") from None
-
-    @property
-    def lock_file(self) -> Path:
-        return self.root / self.LOCK
-
-    @contextmanager
-    def lock(self) -> Iterator[None]:
-        """One run per folder: two runs appending to one results.csv lose rows. The lock is an flock,
-        so the kernel drops it when its holder dies, and a later run takes a stale lock file over."""
-        self.root.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.lock_file, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.read(fd, 200).decode(errors="replace").strip() or "another process"
-            os.close(fd)
-            raise FolderLocked(
-                f"output_dir={self.root}: another run writes there ({holder}); "
-                "wait for it to end, or give this run another output_dir"
-            ) from None
-        try:
-            os.ftruncate(fd, 0)
-            os.write(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode())
-            yield
-        finally:
-            self.lock_file.unlink(missing_ok=True)  # still held: a run that opens it now finds it locked
-            os.close(fd)  # releases the lock
-
-    @contextmanager
-    def turn(self) -> Iterator[None]:
-        """Wait for the folder's turn lock, then hold it: jobs of a sweep sharing one machine run one
-        after another, not timing each other."""
-        self.root.mkdir(parents=True, exist_ok=True)
-        with open(self.root / ".cpbench-turn.lock", "w") as handle:
-            fcntl.flock(handle, fcntl.LOCK_EX)
-            yield
-
-    def is_run(self) -> bool:
-        return any((self.root / name).exists() for name in self.MARKERS)
+class RunFolder(RunPaths):
+    """The folder's paths (`RunPaths`) and their reads and writes."""
 
     # Atomic reads and writes.
     @staticmethod
@@ -406,7 +186,3 @@ class PointInFlight:
 
     def _save(self, flight: Flight) -> None:
         self.folder.write_json(self.folder.state, flight.as_json())
-
-
-def _key(row: Mapping[str, Any]) -> str:
-    return row_key(row)

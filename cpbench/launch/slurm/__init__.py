@@ -33,6 +33,8 @@ from cpbench.launch.slurm.state import failure_of, root_failure, wait, watch_fol
 from cpbench.launch.torchrun import TorchrunLauncher
 from cpbench.rank import RunSpec
 from cpbench.results.folder import RunFolder
+from cpbench.results.lock import take_turn
+from cpbench.results.paths import RunPaths
 from cpbench.settings.schema import BenchConfig
 from cpbench.settings.slurm import SlurmConfig
 from cpbench.workloads.base import Workload
@@ -153,7 +155,7 @@ def hydra_job_turn(job_dir: Path) -> contextlib.AbstractContextManager:
     a job's tasks may be its ranks, which must start together) waits its turn on the sweep folder."""
     if os.environ.get("SUBMITIT_EXECUTOR") != "local" or submitit.JobEnvironment().global_rank != 0:
         return contextlib.nullcontext()
-    return RunFolder(job_dir.parent).turn()
+    return take_turn(RunPaths(job_dir.parent))
 
 
 @contextlib.contextmanager
