@@ -4,7 +4,7 @@
 
 Counter: one Pairformer block at AlphaFold3's sizes (c_z 128, c_s 384, 4 x 32 triangle heads, 16
 single heads), forward at N tokens on one rank, counted on fake tensors, against the analytic count
-of its matmuls written down in docs/pairformer.md (tests/test_flops.py holds the same formula).
+of its matmuls written down in docs/pairformer.md (tests/unit/test_flops.py holds the same formula).
 
 Time: counting one step of `workload=fold` (AF3's sizes, 200 sampling steps, inference) at
 --fold-n tokens on one rank (cp=1), as a run's `measure.count_flops` does (`count_step`: each
@@ -29,12 +29,13 @@ from cpbench.core import Topology
 from cpbench.measure.flops import FlopCount, count_step
 from cpbench.models.pairformer import PairformerConfig, PairLayout
 from cpbench.models.pairformer.block import PairformerBlock
-from cpbench.probe.predict import _fake_rank
+from cpbench.probe.trace import fake_rank
 from cpbench.record.peaks import measure_gemm
 from cpbench.sweep import resolve_shape
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from flops_expected import builtin  # noqa: E402  a workload as `workload=<name>` composes it
+TESTS = Path(__file__).resolve().parent.parent / "tests"
+sys.path[:0] = [str(TESTS), str(TESTS / "unit")]  # tests/support/ as the tests import it, and test_flops
+from support.flops_expected import builtin  # noqa: E402  a workload as `workload=<name>` composes it
 from test_flops import pairformer_block_flops  # noqa: E402  the formula the test pins
 
 
@@ -49,7 +50,7 @@ def main() -> None:
     if args.fold_n:
         workload, shape_settings = builtin("fold", "workload.sampling.steps=200")
         shape = resolve_shape(shape_settings, n_tokens=args.fold_n)
-        with _fake_rank(Topology.from_config("1d", 1, None), 0, torch.float32, 0) as ctx:
+        with fake_rank(Topology.from_config("1d", 1, None), 0, torch.float32, 0) as ctx:
             model, start = workload.build_model(ctx), time.perf_counter()
             step = count_step(workload, model, shape, ctx, train=False, seed=0)
             took = time.perf_counter() - start

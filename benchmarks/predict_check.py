@@ -1,5 +1,5 @@
 """The fake-tensor estimate against real steps on CPU: predicted vs measured per-rank peak (over the
-start-up baseline, which is what the budget caps) at three N per workload and topology, then the
+start-up baseline, which is what the memory cap holds) at three N per workload and topology, then the
 probe led by the prediction against the plain probe, through the real entry point.
 
     python benchmarks/predict_check.py [--workloads pairformer_small fold_small] [--n 128 192 256]
@@ -7,7 +7,7 @@ probe led by the prediction against the plain probe, through the real entry poin
                                        [--skip-peaks] [--skip-probe]
 
 The N of cp=1 (`--n`) scale by sqrt(cp) for the other topologies (rounded to 32), so each rank holds
-about as much as at cp=1: the range where the probe's edge lies under one per-rank budget. A smaller
+about as much as at cp=1: the range where the probe's edge lies under one per-rank cap. A smaller
 N (`--calibrate-at`, scaled the same way) is measured too: its miss calibrates the estimate at the
 others, as a probe's walltime points calibrate it (docs/probe.md).
 """
@@ -28,8 +28,8 @@ from hydra import compose, initialize_config_module
 from hydra.utils import instantiate
 
 from cpbench.core import Topology
-from cpbench.probe import predict
-from cpbench.settings.schema import register
+from cpbench.probe import predict, trace
+from cpbench.settings.schema import ProbeConfig, register
 from cpbench.sweep import resolve_shape
 
 TOPOLOGIES = {"1d1": ("1d", 1, "1d cp=1"), "1d2": ("1d", 2, "1d cp=2"), "2d4": ("2d", 4, "2d 2x2")}
@@ -48,10 +48,10 @@ def predicted(workload: str, kind: str, cp: int, ns: list[int]) -> tuple[dict[in
     topology = Topology.from_config(kind, cp, None)
     shape = lambda n: resolve_shape(cfg.shape, n_tokens=n)  # noqa: E731
     w = instantiate(cfg.workload)
-    p = predict.predict(w, topology, shape, False, torch.float32, 0, None, 0, 2.0, None, points=ns, gloo=True)
-    ranks, every = predict.traced_ranks(topology), predict.TracedForm(w)
-    full = {n: predict.estimate(w, topology, shape(n), False, torch.float32, 0, ranks, True, every).peak_gib
-            for n in ns}  # fmt: skip
+    spec = trace.TraceSpec(train=False, dtype=torch.float32, seed=0, backend="gloo")
+    p = predict.predict(w, topology, shape, spec, ProbeConfig(), points=ns)
+    ranks, every = trace.traced_ranks(topology), trace.TracedForm(w)
+    full = {n: trace.estimate(w, topology, shape(n), spec, ranks, every).peak_gib for n in ns}
     return {e.n: e.peak_gib for e in p.estimates}, full
 
 

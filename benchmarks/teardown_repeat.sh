@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The teardown abort's repro, N times: the SLURM test that showed "terminate called without an active
-# exception" (a 2-task job on the private test cluster, tests/slurm_cluster.py), run alone and one run
+# exception" (a 2-task job on the private test cluster, tests/support/slurm_cluster.py), run alone and one run
 # at a time. Prints each run's outcome, then failures/N. A failed run keeps its folder under $KEEP
 # (task logs, and the task's core file: core dumps are on here, Python's faulthandler too).
 #
@@ -10,7 +10,7 @@
 set -u
 cd "$(dirname "$0")/.."
 n=${1:-100}
-test=${TEARDOWN_TEST:-tests/test_slurm_cluster.py::test_one_job_of_two_tasks_measures_what_a_local_run_measures}
+test=${TEARDOWN_TEST:-tests/e2e/test_slurm_cluster.py::test_one_job_of_two_tasks_measures_what_a_local_run_measures}
 keep=${KEEP:-$(mktemp -d -t teardown_repeat.XXXXXX)}
 ulimit -c unlimited
 export PYTHONFAULTHANDLER=1

@@ -80,7 +80,7 @@ def hold_gloo_backends() -> None:
     here, so that whichever frame drops a group last frees no backend; they are freed at the next call
     or at exit, while the interpreter is whole (a rank the forkserver started skips both: `os._exit`).
     Seen at torch 2.6 in 3 of 13 cp=2 convergence runs (none in 30 with it): rank 1 froze on leaving
-    `run_rank` (tests/test_teardown.py)."""
+    `run_rank` (tests/e2e/test_teardown.py)."""
     release_held_backends()
     pg_map = getattr(getattr(dist.distributed_c10d, "_world", None), "pg_map", {})
     for group in list(pg_map):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 from datetime import date
 from typing import Any
 
@@ -17,18 +18,17 @@ from hydra.utils import instantiate
 from cpbench.app.invocation import Invocation
 from cpbench.app.measure import measure
 from cpbench.core import ConfigError, Shape, Topology
-from cpbench.measure.cap import cap_gib
+from cpbench.probe.trace import TraceSpec
 from cpbench.record.metadata import cpu_model
 from cpbench.report.forecast import against_table, forecast_table, planning_table
 from cpbench.results.folder import RunFolder
 from cpbench.results.pooled import pooled_comm_ops, pooled_results, run_folders
 from cpbench.runtime.fresh_process import call_in_fresh_process
-from cpbench.runtime.rank import device_type, pick_backend, threads_per_rank
+from cpbench.runtime.rank import threads_per_rank
 from cpbench.settings.schema import BenchConfig
 from cpbench.steptime.calibrate import CommPoint, calibrated
 from cpbench.steptime.hardware import hardware_text, load_hardware
-from cpbench.steptime.model import Hardware
-from cpbench.steptime.predicted import forecast_at, phase_scales, smallest_fit
+from cpbench.steptime.predicted import Target, forecast_at, phase_scales, smallest_fit
 from cpbench.steptime.timed_steps import at_run_speed, time_ops
 from cpbench.workloads.base import Workload
 
@@ -67,8 +67,8 @@ def _calibrate(root: str, settings: BenchConfig) -> int:
         _say(f"calibrate: the run's cp=1 steps over the steps here: {', '.join(f'{r:.3f}' for r in ratios)}")
     ops = pooled_comm_ops(runs)
     comm = [CommPoint(o.calls, o.fwd_bytes + o.bwd_bytes, o.seconds) for o in ops.itertuples() if o.cp > 1]
-    on = device_type(pick_backend(settings.dist.backend))
-    if on == "cpu":  # a device is a rank's share of the cores
+    spec = TraceSpec.of(settings)  # the run's cap, and the device its ranks ran on
+    if spec.autocast_device == "cpu":  # a device is a rank's share of the cores
         threads = threads_per_rank(settings.dist.cpu_threads, settings.topology.cp)
         name, devices = f"{cpu_model()}, {threads} thread(s) a rank", max(1, (os.cpu_count() or 1) // threads)
     else:
@@ -76,8 +76,8 @@ def _calibrate(root: str, settings: BenchConfig) -> int:
     pooled = f", each step the median of {len(runs)} runs" if len(runs) > 1 else ""
     source = (f"python -m cpbench.calibrate, {date.today().isoformat()}: {workload_name(settings)} at N="
               f"{', '.join(str(s.n_tokens) for s in shapes)}{pooled}")  # fmt: skip
-    hw = calibrated(name, timed, comm, devices, settings.dtype.value, cap_gib(settings.memory, on), source)
-    check = _against(settings, workload, hw, hw.devices_per_node, ok)
+    hw = calibrated(name, timed, comm, devices, settings.dtype.value, spec.chunk_cap_gib, source)
+    check = _against(settings, workload, spec, Target(hw, hw.devices_per_node), ok)
     notes = [f"The time model's figures for {name} (docs/predict.md), fitted by {source}.",
              "Each op's fixed cost (kernel_s) and rate (per_s: FLOPs or bytes a second) from its timed runs;",
              "the link from the run's collectives (comm_ops.csv)." if comm else "No CP run: no link figures.",
@@ -98,16 +98,18 @@ def workload_name(settings: BenchConfig) -> str:
     return settings.workload_preset or "the workload"
 
 
-def _against(settings: BenchConfig, workload: Workload, hw: Hardware, ranks_per_node: int,
-             rows: pd.DataFrame) -> list[str]:  # fmt: skip
-    """Each measured row of a run beside its prediction: the error the figures make there."""
-    measured = []
+def _against(
+    settings: BenchConfig, workload: Workload, spec: TraceSpec, target: Target, rows: pd.DataFrame
+) -> list[str]:
+    """Each measured row of a run beside its prediction, the real job's step left out: the error the
+    figures make there."""
+    measured, target = [], replace(target, scales=None)
     for r in rows.sort_values(["topology", "cp", "N_tokens"]).itertuples():
         grid = [int(x) for x in str(r.grid).split("x")] if r.topology == "2d" else None
         topology = Topology.from_config(r.topology, int(r.cp), grid)
-        budget = r.budget_gib if pd.notna(r.budget_gib) else None  # the row's cap: its chunks
-        n = int(r.N_tokens)
-        measured.append((r, forecast_at(settings, workload, topology, n, hw, ranks_per_node, None, budget)))
+        cap = r.budget_gib if pd.notna(r.budget_gib) else None  # the row's cap (results column): its chunks
+        at_cap = replace(spec, chunk_cap_gib=cap)
+        measured.append((r, forecast_at(settings, workload, topology, int(r.N_tokens), at_cap, target)))
     return against_table(measured)
 
 
@@ -125,13 +127,16 @@ def forecast(call: Invocation) -> int:
         cps = f.cp or [settings.topology.cp]
         topologies = [Topology.from_config(settings.topology.kind, cp, None) for cp in cps]
         against = run_folders("forecast.against", f.against) if f.against else []
+        spec = TraceSpec.of(settings, hw.memory_gib)  # the cap: memory.budget_gib, else the device's memory
+        if f.plan_n_tokens and spec.chunk_cap_gib is None:
+            raise ConfigError("forecast.plan_n_tokens: the planning table needs a per-rank cap: set "
+                              "memory.budget_gib (the figures name no memory_gib)")  # fmt: skip
     except ConfigError as err:
         print(f"cpbench: error: {err}", file=sys.stderr)
         return 2
-    budget = settings.memory.budget_gib or hw.memory_gib or cap_gib(settings.memory, "cpu")
-    scales = phase_scales({c.setting: c.scale for c in call.changes if c.scale})
+    target = Target(hw, ranks_per_node, phase_scales({c.setting: c.scale for c in call.changes if c.scale}))
     try:
-        text = _forecast_text(settings, workload, hw, ranks_per_node, topologies, budget, scales, against)
+        text = _forecast_text(settings, workload, spec, target, topologies, against)
     except ValueError as err:  # figures the machine does not have (a link between nodes)
         print(f"cpbench: error: {err} (forecast.ranks_per_node: the ranks a node)", file=sys.stderr)
         return 2
@@ -143,16 +148,14 @@ def forecast(call: Invocation) -> int:
 def _forecast_text(
     settings: BenchConfig,
     workload: Workload,
-    hw: Hardware,
-    ranks_per_node: int,
+    spec: TraceSpec,
+    target: Target,
     topologies: Sequence[Topology],
-    budget: float,
-    scales: dict[str, float] | None,
     against: Sequence[RunFolder],
 ) -> str:
-    f = settings.forecast
+    f, hw = settings.forecast, target.hw
     lines = [f"# Forecast: {workload_name(settings)}, {settings.workflow.value}, {settings.dtype.value}", "",
-             f"Figures: {hw.name} ({f.hardware}); {ranks_per_node} ranks a node, "
+             f"Figures: {hw.name} ({f.hardware}); {target.ranks_per_node} ranks a node, "
              f"{hw.devices_per_node} devices a node."]  # fmt: skip
     if hw.dtype != settings.dtype.value:
         lines.append(f"Caution: the figures are for {hw.dtype}, the run computes in {settings.dtype.value}.")
@@ -160,19 +163,20 @@ def _forecast_text(
     for topology in topologies:
         for n in f.n_tokens or settings.sweep.n_tokens:
             _say(f"forecast: counting {topology.kind} cp={topology.cp} at N={n}")
-            forecasts.append(forecast_at(settings, workload, topology, n, hw, ranks_per_node, scales, budget))
+            forecasts.append(forecast_at(settings, workload, topology, n, spec, target))
     lines += ["", "## Predicted step", "", *forecast_table(forecasts)]
-    if scales is None:
+    if target.scales is None:
         lines += ["", "The real job runs a loop cpbench does not time apart: its step is not estimated."]
     if against:
         pooled = f" (each point's median over {len(against)} runs)" if len(against) > 1 else ""
         measured = pooled_results(against)
-        rows = _against(settings, workload, hw, ranks_per_node, measured) if not measured.empty else []
+        rows = _against(settings, workload, spec, target, measured) if not measured.empty else []
         lines += ["", f"## Against the measured rows of {f.against}{pooled}", "",
                   *(rows or ["No point of these runs was measured ok."])]  # fmt: skip
     if f.plan_n_tokens:
-        fits = [smallest_fit(settings, workload, n, kind, hw, ranks_per_node, budget, scales, _say)
-                   for n in f.plan_n_tokens for kind in ("1d", "2d")]  # fmt: skip
-        lines += ["", f"## Planning table ({budget:g} GiB a rank, CP sizes up to {f.plan_max_cp})", "",
+        fits = [smallest_fit(settings, workload, n, kind, spec, target, _say)
+                for n in f.plan_n_tokens for kind in ("1d", "2d")]  # fmt: skip
+        cap = f"{spec.chunk_cap_gib:g} GiB a rank"
+        lines += ["", f"## Planning table ({cap}, CP sizes up to {f.plan_max_cp})", "",
                   *planning_table(fits)]  # fmt: skip
     return "\n".join(lines) + "\n"

@@ -19,6 +19,6 @@ def close_failed(
     if status == "error":
         folder.point_in_flight.close(status, error, failure)
     # No plots here: this is the launching process, and in a sweep it forks the next job's ranks,
-    # which hang after matplotlib has drawn in their parent (tests/test_sweeps.py, a failed job first).
+    # which hang after matplotlib has drawn in their parent (tests/e2e/test_sweeps.py, a failed job first).
     write_report(folder.root, plots=False)
     folder.record_failure(code, error, detail, first=first, cp=cp, failure=failure)

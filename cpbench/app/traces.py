@@ -14,6 +14,7 @@ from cpbench.app.invocation import Invocation
 from cpbench.core import Topology
 from cpbench.probe import predict
 from cpbench.probe.predict import Prediction
+from cpbench.probe.trace import CannotTrace
 from cpbench.results.folder import RunFolder
 from cpbench.runtime.fresh_process import call_in_fresh_process
 from cpbench.settings.schema import BenchConfig, Command, Workflow
@@ -56,7 +57,7 @@ def fake_tensor_estimate(
     rank before it joins); the lock holder records it in prediction.json and prints it when alone."""
     try:
         prediction = estimate(settings, workload, topology)
-    except predict.CannotTrace as err:
+    except CannotTrace as err:
         alone = settings.command is Command.predict
         then = "no estimate" if alone else "the plain probe runs"
         print(f"cpbench: probe.predict: cannot run on fake tensors: {err}; {then}", file=sys.stderr)
@@ -69,7 +70,7 @@ def fake_tensor_estimate(
     else:
         print(
             f"cpbench: probe.predict: max N_tokens {prediction.proposal or 'none'} predicted within "
-            f"{prediction.budget_gib:g} GiB per rank; real steps confirm it",
+            f"{prediction.cap_gib:g} GiB per rank; real steps confirm it",
             file=sys.stderr,
         )
     return prediction

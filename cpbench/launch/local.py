@@ -144,7 +144,8 @@ def launch_local(spec: RunSpec, nprocs: int, max_restarts: int, notify: Notify) 
     crashes = findings = faults = 0
     while True:
         try:
-            return _launch_once(replace(spec, restart=crashes + findings + faults), nprocs)
+            restarted = replace(spec, restart=crashes + findings + faults, max_restarts=max_restarts)
+            return _launch_once(restarted, nprocs)
         except RankFailure as failure:
             if failure.error_type == DoesNotFit.__name__:
                 raise ShapeDoesNotFit(failure.message) from None

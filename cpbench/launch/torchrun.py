@@ -119,7 +119,8 @@ class TorchrunLauncher(Launcher):
             for line in (SHARED_STORE if _restarts_share_the_store() else None, findings):
                 if line:
                     notify(Caution(line))
-        run_rank(replace(spec, restart=self.restart), workload)
+        allowed = int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0"))  # torchrun's --max-restarts
+        run_rank(replace(spec, restart=self.restart, max_restarts=allowed), workload)
         return Finished()
 
     @property

@@ -26,7 +26,7 @@ from cpbench.runtime.logs import LOG
 from cpbench.settings.schema import MemoryConfig
 
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc mallopt parameters
-# CPU: address space allowed beyond the budget. A cap on address space is not one on resident memory
+# CPU: address space allowed beyond the cap. A cap on address space is not one on resident memory
 # (reserved, untouched and freed-but-mapped pages count in one, not the other): the fit is judged on
 # the measured resident peak, the figure a row reports, and the backstop stays out of its way.
 BACKSTOP_FACTOR, BACKSTOP_GIB = 2.0, 0.25
@@ -55,15 +55,19 @@ def _status_bytes(field: str) -> int:
     return int(re.search(rf"^{field}:\s+(\d+) kB", text, re.MULTILINE).group(1)) * 1024
 
 
-def cap_gib(memory: MemoryConfig, device_type: str) -> float | None:
-    """The per-rank cap of a run whose ranks run on `device_type`: memory.budget_gib, or on CPU, where
-    the machine's RAM is no device memory worth probing to its end, memory.cpu_budget_gib when that is
-    null. The ranks apply it and the fake-tensor estimate is held against it: one rule for both. Null
-    on CUDA: the card less what a rank holds after start-up, which only the rank can measure
-    (`cap_rank`); the launching process, which never touches CUDA, has no figure for it."""
-    if memory.budget_gib is None and device_type == "cpu":
-        return memory.cpu_budget_gib
-    return memory.budget_gib
+def cap_gib(memory: MemoryConfig, device_type: str, device_gib: float | None = None) -> float | None:
+    """The per-rank cap of a run whose ranks run on `device_type`, the one rule of every part that
+    holds memory to a cap: memory.budget_gib; else `device_gib`, the memory of the device a forecast is
+    for (a hardware preset's `memory_gib`), where one is given; else on CPU, where the machine's RAM is
+    no device memory worth probing to its end, memory.cpu_budget_gib. The ranks apply it, their `auto`
+    chunks are sized for it and the fake-tensor estimate is held against it. Null on CUDA: the card
+    less what a rank holds after start-up, which only the rank can measure (`cap_rank`); the launching
+    process, which never touches CUDA, has no figure for it."""
+    if memory.budget_gib is not None:
+        return memory.budget_gib
+    if device_gib is not None:
+        return device_gib
+    return memory.cpu_budget_gib if device_type == "cpu" else None
 
 
 def bound_gib(binds_on: str, allocated_gib: float, reserved_gib: float | None) -> float:
@@ -150,8 +154,8 @@ class Cap:
 
 
 def cap_rank(memory: MemoryConfig, device: torch.device, warmed: Warmed | None = None) -> Cap | None:
-    """This rank capped at `budget_gib`'s answer for its device, or None where there is no cap. On a
-    GPU there always is one: with budget_gib null, the card's memory less what the rank holds now.
+    """This rank capped at `cap_gib`'s answer for its device, or None where there is no cap. On a
+    GPU there always is one: with memory.budget_gib null, the card's memory less what the rank holds now.
     `warmed`: what `warm_before_cap` left, which a rank of several takes before its cap (the cap takes
     its record, so it cannot be set first); None where nothing was warmed (one rank alone)."""
     gib = cap_gib(memory, device.type)
@@ -161,11 +165,11 @@ def cap_rank(memory: MemoryConfig, device: torch.device, warmed: Warmed | None =
 
 
 def gpu_cap(requested_gib: float | None, free: int, total: int, reserved: int) -> tuple[float, float]:
-    """(budget GiB, the caching allocator's fraction of the card) for a rank that sees `free` of `total`
+    """(cap GiB, the caching allocator's fraction of the card) for a rank that sees `free` of `total`
     bytes with `reserved` in the allocator's segments: what was asked, never more than is free (an "80
     GB" card holds about 79.1-79.6 GiB, less its context), and the allocator's limit on its segments
-    (what the fraction binds on) set at those segments plus that budget, so that a reserved peak over
-    the baseline stays within the budget."""
+    (what the fraction binds on) set at those segments plus that cap, so that a reserved peak over
+    the baseline stays within the cap."""
     gib = free / GIB if requested_gib is None else min(requested_gib, free / GIB)
     return gib, min(1.0, (reserved + gib * GIB) / total)
 
@@ -189,7 +193,7 @@ def _cap_gpu(requested_gib: float | None, device: torch.device, warmed: Warmed) 
 
 def warm_buffers_bytes(free: int, requested_gib: float | None) -> int:
     """How large the warm-up's largest collective may be (its buffers, bytes): WARM_SHARE of the memory
-    a point may use, the device's free memory or the budget asked for when smaller."""
+    a point may use, the device's free memory or the cap asked for when smaller."""
     room = free if requested_gib is None else min(free, int(requested_gib * GIB))
     return int(room * WARM_SHARE)
 
@@ -222,10 +226,10 @@ def warm_before_cap(ctx: RankContext, memory: MemoryConfig, control: dist.Proces
     return warmed
 
 
-def _cap_cpu(budget_gib: float, device: torch.device) -> float:
+def _cap_cpu(gib: float, device: torch.device) -> float:
     """Cap this rank's data segment at the backstop over what it holds now and return its baseline
     (GiB: the resident set so far, which the fits-check subtracts from the measured peak, held to
-    `budget_gib`). `lift_cap` takes the cap off again: it is for the measured steps, not what
+    `gib`). `lift_cap` takes the cap off again: it is for the measured steps, not what
     follows them."""
     # Blocks from mmap go back to the OS when freed; glibc's dynamic threshold would otherwise move
     # them onto the heap, whose fragments count against the cap and make a point that fits once fail
@@ -235,7 +239,7 @@ def _cap_cpu(budget_gib: float, device: torch.device) -> float:
     libc = ctypes.CDLL(None)
     libc.mallopt(_M_MMAP_THRESHOLD, 128 << 10)
     libc.mallopt(_M_TRIM_THRESHOLD, 1 << 20)
-    limit = _status_bytes("VmData") + int((BACKSTOP_FACTOR * budget_gib + BACKSTOP_GIB) * GIB)
+    limit = _status_bytes("VmData") + int((BACKSTOP_FACTOR * gib + BACKSTOP_GIB) * GIB)
     _, hard = resource.getrlimit(resource.RLIMIT_DATA)
     resource.setrlimit(resource.RLIMIT_DATA, (limit, hard))
     return read_peak_gib(device)

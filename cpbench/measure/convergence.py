@@ -34,6 +34,7 @@ def batch_seed(seed: int, step: int) -> int:
 
 @dataclass(frozen=True)
 class ConvergenceSettings:
+    shape: Shape  # every step's
     steps: int
     checkpoint_every: int  # 0: no checkpoints
     seed: int
@@ -45,7 +46,6 @@ class ConvergenceSettings:
 
 def run_convergence(
     runner: StepRunner,
-    shape: Shape,
     ctx: RankContext,
     control: dist.ProcessGroup,
     folder: RunFolder,
@@ -61,7 +61,7 @@ def run_convergence(
     # Imported here: torch.distributed.checkpoint costs about 0.9 s of every process's start-up.
     from cpbench.measure import checkpoint
 
-    lead = ctx.rank == 0
+    lead, shape = ctx.rank == 0, settings.shape
     runner.track_grad_norm = True
     box = [
         checkpoint.latest(folder.checkpoints, settings.key) if lead and settings.checkpoint_every else None

@@ -125,7 +125,7 @@ def fixed_part(peaks: list[tuple[int, float]]) -> float:
 
 def _predicted_trial(search: SearchConfig, step: PilotStep, n: int, point: bool = False) -> Trial:
     peak = _peak_gib(step, n)
-    fits = search.budget_gib is None or peak is None or peak <= search.budget_gib
+    fits = search.cap_gib is None or peak is None or peak <= search.cap_gib
     return Trial(n=n, fits=fits, status="ok" if fits else "oom", peak_gib=peak, point=point)
 
 
@@ -139,7 +139,7 @@ def probe_trials(search: SearchConfig, step: PilotStep, seeds: tuple[Trial, ...]
         trial = _predicted_trial(search, step, proposal.n)
         trials.append(trial)
         stepped += 1
-        if (search.budget_gib is None or trial.peak_gib is None) and search.config.max_tokens is None:
+        if (search.cap_gib is None or trial.peak_gib is None) and search.config.max_tokens is None:
             break
     return trials
 

@@ -1,6 +1,6 @@
 """CUDA autocast's op lists, applied to CPU tensors, for the fake-tensor trace of a GPU run.
 
-The trace (probe/predict.py) runs on CPU fake tensors, so the models' bf16 autocast takes CPU's op
+The trace (probe/trace.py) runs on CPU fake tensors, so the models' bf16 autocast takes CPU's op
 lists, and these differ from CUDA's: CPU autocast leaves layer_norm, softmax, sum, exp... in bf16
 where CUDA autocast runs them in float32, so the trace of a GPU run held some N^2-sized transients at
 half their size. CUDA autocast itself cannot run in the trace: `torch.autocast("cuda")` turns itself
@@ -14,7 +14,7 @@ autocast casts gets a kernel with its CUDA policy, and every other op that CPU a
 falls through uncast, as on CUDA. The policies are those of torch 2.13's `ATen/autocast_mode.h`
 (`AT_FORALL_*`, plus `autocast_mode.cpp`'s cudnn convolutions and banned binary_cross_entropy; and the
 overloads torch 2.6's lists still held, with its `_cudnn_rnn`);
-tests/test_autocast_rules.py checks that they name every op with an AutocastCUDA kernel in the
+tests/unit/test_autocast_rules.py checks that they name every op with an AutocastCUDA kernel in the
 torch it runs under, and op by op against CUDA autocast forced on over fake CUDA tensors. An op a
 later torch adds to CUDA's lists keeps CPU's rule until it is added here.
 

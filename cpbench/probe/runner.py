@@ -16,9 +16,9 @@ from cpbench.settings.schema import ProbeConfig
 
 
 def search_config(
-    p: ProbeConfig, topology: Topology, budget_gib: float | None, predicted: int | None = None
+    p: ProbeConfig, topology: Topology, cap_gib: float | None, predicted: int | None = None
 ) -> SearchConfig:
-    return SearchConfig(p, topology.tiling.multiple, budget_gib, predicted)
+    return SearchConfig(p, topology.tiling.multiple, cap_gib, predicted)
 
 
 def run_probe(

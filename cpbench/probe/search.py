@@ -43,7 +43,7 @@ class SearchConfig:
 
     config: ProbeConfig = field(default_factory=ProbeConfig)
     multiple: int = 1  # every N tried tiles the topology's grid
-    budget_gib: float | None = None  # enables the guided proposal
+    cap_gib: float | None = None  # the per-rank memory cap (a peak's figure); enables the guided proposal
     predicted: int | None = None  # the N the fake-tensor estimate proposes: it replaces the ramp
 
 
@@ -88,8 +88,8 @@ def peak_model(trials: list[Trial]) -> np.poly1d | None:
     return model if residual < 0.05 else None
 
 
-def _crossing(model: np.poly1d, budget: float, lo: int, hi: int) -> float | None:
-    roots = (model - budget).roots
+def _crossing(model: np.poly1d, cap_gib: float, lo: int, hi: int) -> float | None:
+    roots = (model - cap_gib).roots
     inside = [r.real for r in roots if abs(r.imag) < 1e-9 and lo < r.real < hi]
     return min(inside) if inside else None
 
@@ -127,8 +127,8 @@ def _guided_ramp(cfg: SearchConfig, trials: list[Trial], best: Trial, ramp: int)
     edge is the search's dearest (at twice the N, a quadratic peak and a cubic step time). At the
     crossing, or past the last fit by the granularity, doubled for each further guided fit in a row, so
     that a model that keeps reading low does not creep up by small steps."""
-    model = peak_model(trials) if cfg.config.guided and cfg.budget_gib else None
-    crossing = _crossing(model, cfg.budget_gib, 0, ramp) if model is not None else None
+    model = peak_model(trials) if cfg.config.guided and cfg.cap_gib else None
+    crossing = _crossing(model, cfg.cap_gib, 0, ramp) if model is not None else None
     if crossing is None:
         return None
     streak = 0
@@ -166,9 +166,9 @@ def next_trial(cfg: SearchConfig, trials: list[Trial]) -> Proposal | None:
         return None if n < m or n in tried else Proposal(n, False)
     if fail.n - best.n <= cfg.config.granularity:
         return None
-    model = peak_model(trials) if cfg.config.guided and cfg.budget_gib else None
+    model = peak_model(trials) if cfg.config.guided and cfg.cap_gib else None
     if model is not None:
-        crossing = _crossing(model, cfg.budget_gib, best.n, fail.n)
+        crossing = _crossing(model, cfg.cap_gib, best.n, fail.n)
         if crossing is not None:
             guess = align_down(crossing, m)
             if guess <= best.n:  # the model puts the edge right above the last fit: confirm it

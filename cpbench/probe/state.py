@@ -47,8 +47,8 @@ class ProbeState:
         if self.flight.crashed_too_often(max_restarts):
             raise RepeatedCrash(
                 f"probe: N={n} crashed {self.flight.crashes} time(s) with no out-of-memory cause "
-                f"(launch.max_restarts={max_restarts}); it is not a max-fit edge: see {self.folder.logs}, "
-                f"or cap the probe below it with probe.max_tokens"
+                f"(the launcher restarts at most {max_restarts} time(s)); it is not a max-fit edge: "
+                f"see {self.folder.logs}, or cap the probe below it with probe.max_tokens"
             )
         return n
 

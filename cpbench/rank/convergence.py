@@ -31,8 +31,8 @@ def converge(measurer: Measurer, settings: PointSettings, baseline: RunFolder | 
     )  # fmt: skip
     key = curve_key(s.settings)
     how = ConvergenceSettings(
-        steps=steps, checkpoint_every=s.settings.checkpoint.every, seed=s.settings.seed, fault=settings.fault,
-        key=key, cap_gib=s.cap.gib if s.cap else None,
+        shape=shape, steps=steps, checkpoint_every=s.settings.checkpoint.every, seed=s.settings.seed,
+        fault=settings.fault, key=key, cap_gib=s.cap.gib if s.cap else None,
         baseline_gib=s.cap.baseline_gib if s.cap else 0.0,
     )  # fmt: skip
 
@@ -42,7 +42,7 @@ def converge(measurer: Measurer, settings: PointSettings, baseline: RunFolder | 
 
     try:
         curve = run_convergence(
-            measurer.model.runner(), shape, s.ctx, s.control, s.folder, how, s.heartbeat.step, logged
+            measurer.model.runner(), s.ctx, s.control, s.folder, how, s.heartbeat.step, logged
         )
     except Exception as err:  # out of memory outside a step (a checkpoint, a lazy import) too
         if not is_oom(err):

@@ -16,11 +16,12 @@ from hydra.utils import instantiate
 from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
 
 from cpbench.core import DoesNotFit
-from cpbench.measure.cap import cap_gib, lift_cap
+from cpbench.measure.cap import lift_cap
 from cpbench.measure.memory import set_alloc_conf
 from cpbench.measure.oom import KernelFault
 from cpbench.measure.point import OutOfMemoryAlone
 from cpbench.models.pairformer import chunking
+from cpbench.probe.trace import TraceSpec
 from cpbench.rank.budget import fit_probe, fit_work
 from cpbench.rank.convergence import converge
 from cpbench.rank.points import Measurer, measure_points
@@ -34,7 +35,7 @@ from cpbench.results.folder import RunFolder
 from cpbench.results.row import shape_key
 from cpbench.runtime import logs
 from cpbench.runtime.logs import LOG
-from cpbench.runtime.rank import device_type, pick_backend, rank_runtime
+from cpbench.runtime.rank import rank_runtime
 from cpbench.runtime.seed import deterministic
 from cpbench.settings.schema import Mode, Workflow
 from cpbench.workloads.base import Workload
@@ -47,14 +48,13 @@ def run_rank(
     `relaunch` starts the ranks again after this one ran out of memory alone or met a kernel fault,
     where no launching process does (a SLURM job requeues itself); it runs once that N is recorded."""
     settings = spec.settings
-    dtype = getattr(torch, settings.dtype.value)
+    traced = TraceSpec.of(settings)  # the precision, backend and cap the estimate traces this rank with
     torch.set_float32_matmul_precision(settings.matmul_precision)  # set every run: a process may run many
     deterministic(settings.mode is Mode.accuracy)  # before CUDA starts: it sets the cuBLAS workspace
     # Before CUDA starts: the allocator reads it once (a GPU rank's default: expandable segments).
-    gpu = device_type(pick_backend(settings.dist.backend)) == "cuda"
-    set_alloc_conf(settings.memory.alloc_conf, gpu=gpu)
+    set_alloc_conf(settings.memory.alloc_conf, gpu=traced.autocast_device == "cuda")
     d = settings.dist
-    runtime = rank_runtime(spec.topology, d.backend, d.timeout_s, dtype, settings.seed, d.cpu_threads,
+    runtime = rank_runtime(spec.topology, d.backend, d.timeout_s, traced.dtype, settings.seed, d.cpu_threads,
                            socket_ifname=d.socket_ifname)  # fmt: skip
     with runtime as ctx:
         ctx.data_path = settings.data.path
@@ -69,7 +69,7 @@ def run_rank(
             baseline = RunFolder(spec.reference_dir) if spec.reference_dir and session.lead else None
             # `auto` chunks sized for the memory cap as set, as the fake-tensor estimate sizes them: not as
             # measured (free memory differs by rank on a GPU, and so would the chunks and collectives).
-            chunks = chunking.sized_for(cap_gib(settings.memory, ctx.device.type))
+            chunks = chunking.sized_for(traced.chunk_cap_gib)
             with session.heartbeat, session.mllog, chunks:
                 try:
                     _run(session, spec, baseline)
@@ -99,7 +99,7 @@ def run_rank(
 def _run(session: RankSession, spec: RunSpec, baseline: RunFolder | None) -> None:
     settings, folder = session.settings, session.folder
     session.mllog.start(constants.INIT_START)
-    if session.lead and (again := folder.point_in_flight.resume(settings.launch.max_restarts)):
+    if session.lead and (again := folder.point_in_flight.resume(spec.max_restarts)):
         LOG.warning("N=%s was in flight when the last run stopped: measured again", again["N_tokens"])
     point_settings = session.point_settings()
     session.record_start(spec.what_changed, point_settings, spec.restart > 0)
@@ -117,7 +117,7 @@ def _run(session: RankSession, spec: RunSpec, baseline: RunFolder | None) -> Non
     points = measure_points(measurer, work.points, work.point_settings, spec.prediction, work.warmed, done)
     if settings.probe.enabled:
         probe = fit_probe(measurer, work, spec.prediction, points.largest)
-        run_probe_phase(measurer, probe, work.point_settings, spec.prediction, points.done)
+        run_probe_phase(measurer, probe, work.point_settings, spec, points.done)
     lift_cap(session.ctx.device)  # the cap is for the measured steps: the report is not one of them
     if session.lead:
         # When it ended, so that a merge can tell runs that overlapped on one host.

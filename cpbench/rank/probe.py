@@ -18,6 +18,7 @@ from cpbench.probe.search import SearchConfig, Trial, answered, bounds
 from cpbench.probe.state import ProbeState
 from cpbench.rank.points import Measurer, predicted_gib
 from cpbench.rank.session import RankSession
+from cpbench.rank.spec import RunSpec
 from cpbench.results.row import BASELINE, KERNEL, samples_of, shape_key
 from cpbench.runtime.logs import LOG
 from cpbench.settings.schema import ProbeConfig
@@ -91,14 +92,14 @@ def probe_seeds(session: RankSession, todo: list[Shape]) -> tuple[Trial, ...]:
 
 
 def run_probe_phase(
-    measurer: Measurer, probe: ProbeConfig, settings: PointSettings, prediction: Prediction | None,
-    done: frozenset[str],
+    measurer: Measurer, probe: ProbeConfig, settings: PointSettings, spec: RunSpec, done: frozenset[str]
 ) -> None:  # fmt: skip
     """The probe with `probe`'s settings (the budget may have made its granularity coarser); `settings`
-    are how the full measurement at its answer is taken, unless `done` (the row keys measured) has it."""
-    s = measurer.session
+    are how the full measurement at its answer is taken, unless `done` (the row keys measured) has it.
+    `spec` gives the estimate made before launch and the launcher's restarts."""
+    s, prediction = measurer.session, spec.prediction
     state = ProbeState(s.folder, s.config_hash) if s.lead else None
-    if state is not None and (n := state.resume_in_flight(s.settings.launch.max_restarts)) is not None:
+    if state is not None and (n := state.resume_in_flight(spec.max_restarts)) is not None:
         LOG.warning("probe: N=%d was in flight when the last run stopped: trying it again", n)
     # The walltime points at the probe's own shapes are trials it need not step again: their fits and
     # peaks start the ramp and the memory model. A kernel fault at one (the full measurement at the

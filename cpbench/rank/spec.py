@@ -27,6 +27,10 @@ class RunSpec:
     # How many times the launcher started this run's ranks before (a relaunch after a crash, torchrun's
     # restart, a SLURM requeue): a restart goes on with the run's time budget instead of a new one.
     restart: int = 0
+    # How many times the launcher restarts the ranks after a crash (the local launcher's
+    # launch.max_restarts, torchrun's --max-restarts, a SLURM job's slurm.max_requeues): a point in flight
+    # through more crashes than that is recorded as crashed. Set by the launcher, which alone knows it.
+    max_restarts: int = 0
 
     @property
     def topology(self) -> Topology:

@@ -21,10 +21,11 @@ def _known(cls: type, raw: dict[str, Any]) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class MemoryCap:
-    """The per-rank cap as the run applied it (cpbench/measure/cap.py); budget_gib None: no cap (CPU
-    only: a GPU rank is always capped, with budget_gib null at the card less what it holds)."""
+    """The per-rank cap as the run applied it (cpbench/measure/cap.py); cap_gib None: no cap (CPU
+    only: a GPU rank is always capped, with memory.budget_gib null at the card less what it holds).
+    run.json keeps it under the key `budget_gib`, as earlier runs wrote it."""
 
-    budget_gib: float | None
+    cap_gib: float | None
     baseline_gib: float | None  # what rank 0 held after start-up, as its peak counts it
     held_gib: float | None = None  # CUDA: what rank 0's device held then (context, NCCL, the rest)
     # CUDA: of that, what the NCCL warm-up before the cap took (measure/cap.py `Warmed`)
@@ -94,7 +95,7 @@ class RunMetadata:
         for f in fields(self):
             value = getattr(self, f.name)
             if f.name == "memory" and value is not None:
-                items += [("budget_gib", value.budget_gib), ("baseline_gib", value.baseline_gib)]
+                items += [("budget_gib", value.cap_gib), ("baseline_gib", value.baseline_gib)]
                 items += [("held_gib", value.held_gib)] if value.held_gib is not None else []
                 items += [("nccl_gib", value.nccl_gib)] if value.nccl_gib is not None else []
             elif f.name not in ("memory", "peak", "workload") and value is not None:

@@ -175,7 +175,7 @@ class PointInFlight:
             error = f"crashed {flight.crashes} time(s) with no out-of-memory cause"
             self.close("crashed", error, CRASH)
             raise RepeatedCrash(
-                f"N={row['N_tokens']} {error} (launch.max_restarts={max_restarts}); "
+                f"N={row['N_tokens']} {error} (the launcher restarts at most {max_restarts} time(s)); "
                 f"recorded as crashed: see {self.folder.logs}"
             )
         return row

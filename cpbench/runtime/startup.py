@@ -23,7 +23,7 @@ def loaded() -> Iterator[None]:
     leaves a frame that refers to itself, and a frame keeps its callers' frames and their locals. Frozen,
     it kept a rank's process groups past `destroy_process_group()`, and their gloo threads ran into
     interpreter exit, where one that released a work's tensors aborted the process ("terminate called
-    without an active exception", tests/test_teardown.py). Only the youngest generation is walked: all
+    without an active exception", tests/e2e/test_teardown.py). Only the youngest generation is walked: all
     that was made with collection off is there."""
     enabled = gc.isenabled()
     gc.disable()

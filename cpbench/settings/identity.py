@@ -7,7 +7,7 @@
 - `curve_key`: a convergence curve, by the settings its loss depends on (not the topology, which must
   not change it): the name of its reference under docs/reference/.
 
-Every field of `BenchConfig` is assigned here, to some of them or to none, and tests/test_identity.py
+Every field of `BenchConfig` is assigned here, to some of them or to none, and tests/unit/test_identity.py
 fails when one is missing: a new setting cannot silently break resume, caching or the references.
 """
 

@@ -1,6 +1,6 @@
 """docs/settings.md, written from the structured config: each key's type, its default and the comment
 kept beside its field in cpbench/settings/, so that the reference cannot drift from the code
-(tests/test_settings_reference.py fails when they disagree).
+(tests/unit/test_settings_reference.py fails when they disagree).
 
     python -m cpbench.settings.reference            # rewrite docs/settings.md
     python -m cpbench.settings.reference OUT.md     # or write it elsewhere

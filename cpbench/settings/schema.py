@@ -240,6 +240,7 @@ class LaunchConfig:
     """Ranks launched by cpbench itself (`python -m cpbench topology.cp=N`)."""
 
     # Relaunches of local ranks after a crash (a killed rank, a collective timeout); the run resumes.
+    # torchrun's is its --max-restarts, a SLURM job's slurm.max_requeues.
     max_restarts: int = 3
 
 

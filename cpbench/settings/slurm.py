@@ -23,7 +23,9 @@ class SlurmConfig:
     cpus_per_task: int | None = None  # sbatch --cpus-per-task
     mem_gb: float | None = None  # sbatch --mem: memory per node, in GB
     exclusive: bool = True  # the job has its nodes to itself: jobs sharing a node would time each other
-    max_requeues: int = 3  # requeues after a timeout (preemptions requeue without limit)
+    # Requeues after a timeout (preemptions requeue without limit), and the crashes a point in flight may
+    # go through before it is recorded as crashed (launch.max_restarts is the local launcher's).
+    max_requeues: int = 3
     signal_delay_s: int = 120  # the warning signal comes this long before the time limit
     setup: list[str] = field(default_factory=list)  # shell lines run in the job before the ranks start
     additional_parameters: dict[str, Any] = field(default_factory=dict)  # any other #SBATCH option

@@ -1,5 +1,5 @@
 """Predictions at the N and CP sizes a user asks for, and the planning table: for a target N, the
-smallest CP size whose ranks fit it (the fake-tensor memory estimate, probe/predict.py) and what a
+smallest CP size whose ranks fit it (the fake-tensor memory estimate, probe/trace.py) and what a
 step there costs, in 1d and in 2d."""
 
 from __future__ import annotations
@@ -8,15 +8,11 @@ import contextlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-import torch
-
 from cpbench.core import ConfigError, Topology
 from cpbench.core.phases import COUNTED_BY
-from cpbench.models.pairformer import chunking
-from cpbench.probe.predict import TracedForm, estimate, traced_ranks
 from cpbench.probe.search import align_up
-from cpbench.runtime.rank import pick_backend
-from cpbench.settings.schema import BenchConfig, Workflow
+from cpbench.probe.trace import TraceSpec, estimate, traced_ranks
+from cpbench.settings.schema import BenchConfig
 from cpbench.steptime.count import rank_tallies
 from cpbench.steptime.model import Hardware, Seconds, step_seconds
 from cpbench.sweep import run_shape
@@ -44,6 +40,17 @@ def phase_scales(scaled: dict[str, float]) -> dict[str, float] | None:
     return {phase_of[setting]: scale for setting, scale in scaled.items()}
 
 
+@dataclass(frozen=True)
+class Target:
+    """What a forecast is for: the machine's figures, the ranks a node runs, and how much more often
+    the real job runs each phase than the benchmark (`phase_scales`; None: the job's step is not
+    estimated)."""
+
+    hw: Hardware
+    ranks_per_node: int
+    scales: dict[str, float] | None = None
+
+
 def ranks_sharing(topology: Topology, hw: Hardware, ranks_per_node: int) -> float:
     """Ranks per device on a node (>= 1): more ranks on a node than it has devices share them, and
     each rank's step takes that many times as long (model.py)."""
@@ -51,22 +58,16 @@ def ranks_sharing(topology: Topology, hw: Hardware, ranks_per_node: int) -> floa
 
 
 def forecast_at(
-    settings: BenchConfig,
-    workload: Workload,
-    topology: Topology,
-    n: int,
-    hw: Hardware,
-    ranks_per_node: int,
-    scales: dict[str, float] | None,
-    budget_gib: float | None,
+    settings: BenchConfig, workload: Workload, topology: Topology, n: int, spec: TraceSpec, target: Target
 ) -> Forecast:
-    """The predicted step at N (rounded up to tile the topology), its ranks' chunks sized for
-    `budget_gib` per rank."""
+    """The predicted step at N (rounded up to tile the topology), its ranks' chunks sized for the
+    spec's per-rank cap."""
     n = align_up(n, topology.tiling.multiple)
-    shared = ranks_sharing(topology, hw, ranks_per_node)
-    tallies = rank_tallies(settings, workload, topology, run_shape(settings, n), budget_gib)
-    seconds = step_seconds(tallies, hw, ranks_per_node, shared)
-    return Forecast(topology, n, seconds, None if scales is None else seconds.job(scales), shared)
+    shared = ranks_sharing(topology, target.hw, target.ranks_per_node)
+    tallies = rank_tallies(workload, topology, run_shape(settings, n), spec)
+    seconds = step_seconds(tallies, target.hw, target.ranks_per_node, shared)
+    job_s = None if target.scales is None else seconds.job(target.scales)
+    return Forecast(topology, n, seconds, job_s, shared)
 
 
 @dataclass(frozen=True)
@@ -94,24 +95,19 @@ def smallest_fit(
     workload: Workload,
     n: int,
     kind: str,
-    hw: Hardware,
-    ranks_per_node: int,
-    budget_gib: float,
-    scales: dict[str, float] | None,
+    spec: TraceSpec,
+    target: Target,
     progress: Callable[[str], None] = lambda line: None,
 ) -> SmallestFit:
-    """The smallest CP size of `kind` whose every traced rank holds N within `budget_gib` per rank."""
-    train, dtype = settings.workflow is Workflow.training, getattr(torch, settings.dtype.value)
-    gloo = pick_backend(settings.dist.backend) == "gloo"
+    """The smallest CP size of `kind` whose every traced rank holds N within the spec's per-rank cap."""
+    cap_gib = spec.chunk_cap_gib
+    if cap_gib is None:
+        raise ValueError("the planning table needs a per-rank cap: memory.budget_gib")
     for topology in topologies(kind, settings.forecast.plan_max_cp):
         at = align_up(n, topology.tiling.multiple)
         progress(f"N={at}: tracing {topology.kind} cp={topology.cp}")
-        with chunking.sized_for(budget_gib):
-            form = TracedForm.of(workload, topology, train, dtype, settings.seed)
-            peak = estimate(workload, topology, run_shape(settings, at), train, dtype, settings.seed,
-                            traced_ranks(topology), gloo, form).peak_gib  # fmt: skip
-        if peak <= budget_gib:
+        peak = estimate(workload, topology, run_shape(settings, at), spec, traced_ranks(topology)).peak_gib
+        if peak <= cap_gib:
             progress(f"N={at}: counting {topology.kind} cp={topology.cp}'s work")
-            fc = forecast_at(settings, workload, topology, at, hw, ranks_per_node, scales, budget_gib)
-            return SmallestFit(n, kind, peak, fc)
+            return SmallestFit(n, kind, peak, forecast_at(settings, workload, topology, at, spec, target))
     return SmallestFit(n, kind, None, None)

@@ -7,14 +7,13 @@ from __future__ import annotations
 import statistics
 from collections.abc import Callable, Sequence
 
-import torch
-
 from cpbench.core import Shape, Topology
-from cpbench.measure.cap import cap_gib, cap_rank, lift_cap
+from cpbench.measure.cap import cap_rank, lift_cap
 from cpbench.measure.memory import release, set_alloc_conf
 from cpbench.measure.step import StepRunner
 from cpbench.models.pairformer import chunking
-from cpbench.runtime.rank import device_type, pick_backend, rank_runtime, threads_per_rank
+from cpbench.probe.trace import TraceSpec
+from cpbench.runtime.rank import rank_runtime, threads_per_rank
 from cpbench.runtime.seed import seed_all
 from cpbench.settings.schema import BenchConfig, Workflow
 from cpbench.steptime.op_timer import OpTimer, OpTimes
@@ -34,19 +33,18 @@ def time_ops(settings: BenchConfig, workload: Workload, shapes: Sequence[Shape],
     the ops included (5-10 % of fold_small's step at N=64-256); the op-timed ones which op takes
     what share. The rank takes the threads a rank of the run took (a cp=1 baseline takes its CP
     run's)."""
-    backend = pick_backend(settings.dist.backend)
+    spec = TraceSpec.of(settings)  # the run's precision, backend and cap, as a trace of it takes them
     threads = threads_per_rank(settings.dist.cpu_threads, settings.topology.cp)
-    dtype = getattr(torch, settings.dtype.value)
     one = Topology.from_config("1d", 1, None)
     # Before CUDA starts here (a fresh process: app/forecast.py), the allocator settings a rank takes.
-    set_alloc_conf(settings.memory.alloc_conf, gpu=device_type(backend) == "cuda")
+    set_alloc_conf(settings.memory.alloc_conf, gpu=spec.autocast_device == "cuda")  # the ranks' device
     timed = []
-    with rank_runtime(one, backend, settings.dist.timeout_s, dtype, settings.seed, threads) as ctx:
+    with rank_runtime(one, spec.backend, settings.dist.timeout_s, spec.dtype, spec.seed, threads) as ctx:
         # The run's allocator settings (fresh pages cost what they did there), not its limit: a shape
         # a CP rank held may not fit one rank under the cap, and its ops are timed all the same.
         cap_rank(settings.memory, ctx.device)
         lift_cap(ctx.device)
-        with chunking.sized_for(cap_gib(settings.memory, device_type(backend))):
+        with chunking.sized_for(spec.chunk_cap_gib):
             for shape in shapes:
                 progress(f"timing each op of N={shape.n_tokens}")
                 timed.append(_time_shape(settings, workload, shape, ctx))

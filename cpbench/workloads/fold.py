@@ -138,7 +138,7 @@ class FoldWorkload(PairformerWorkload):
         the blocks run: every block after the first repeats the second's peak, larger by that
         input, which grows with the diffusion samples). Training keeps every
         block (each keeps its activations for the backward) and two recycling passes (one without
-        autograd, then the one with it). tests/test_fold_chunked.py checks that the traced peak is
+        autograd, then the one with it). tests/e2e/test_fold_chunked.py checks that the traced peak is
         the full trace's to the byte."""
         form = copy.copy(super().peak_form(train))
         form.loop = {**self.loop, "n_cycles": min(2, self.loop["n_cycles"])}

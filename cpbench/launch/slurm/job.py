@@ -166,7 +166,8 @@ class SlurmRanks(Checkpointable):
         # After submitit's own handlers, which let SIGTERM pass (it waits for USR2 to checkpoint).
         signal.signal(signal.SIGTERM, functools.partial(_end_interrupted, spec.output_dir, env.rank))
         with job_end_escapes(), rendezvous_failures(env, spec.settings.dist.timeout_s):
-            run_rank(replace(spec, restart=restart_count()), relaunch=requeue_job)
+            requeues = spec.settings.slurm.max_requeues  # the job's own bound on starting again
+            run_rank(replace(spec, restart=restart_count(), max_restarts=requeues), relaunch=requeue_job)
 
     def checkpoint(self, spec: RunSpec) -> DelayedSubmission:
         """Called on task 0 when the job is timed out or preempted, just before it is requeued."""

@@ -1,6 +1,6 @@
 """`slurm.dry_run`: the sbatch script of a run, written from its typed settings without a cluster.
 
-It is the script submitit submits for the same settings, line for line (tests/test_slurm_cluster.py
+It is the script submitit submits for the same settings, line for line (tests/e2e/test_slurm_cluster.py
 holds the two side by side on a real cluster): the `#SBATCH` options sorted by name, the job's and
 each task's log files in the job's folder, `--signal=USR2@<delay>` (the warning submitit checkpoints
 on), then srun running submitit's task entry on the job's pickled call."""

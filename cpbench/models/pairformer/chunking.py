@@ -6,8 +6,8 @@ N x N x (hidden) intermediate and no N^3 attention logits live whole (AlphaFold3
 inference do the same). `chunk_size` is the rows per chunk, or `auto`: as many rows as keep the
 op's largest per-chunk transient under `auto_elements()`, so the chunk shrinks as N grows.
 
-That bound follows the rank's memory budget (`sized_for`). A fixed one is a chunk sized for an 80 GB
-card under any cap: on a small cap one transient then holds most of the budget at one CP size and not
+That bound follows the rank's memory cap (`sized_for`). A fixed one is a chunk sized for an 80 GB
+card under any cap: on a small cap one transient then holds most of the cap at one CP size and not
 at another, and what fits is decided by the driver, not the model.
 """
 
@@ -20,25 +20,25 @@ import torch
 
 AUTO = "auto"
 AUTO_CEILING = 2**27  # per-chunk transient under `auto`: at most 512 MiB of float32
-AUTO_SHARE = 1 / 64  # and at most this share of the rank's budget: small beside what N^2 holds
+AUTO_SHARE = 1 / 64  # and at most this share of the rank's cap: small beside what N^2 holds
 _peak_only = False
 _auto_elements = AUTO_CEILING
 
 
-def auto_elements(budget_gib: float | None) -> int:
+def auto_elements(cap_gib: float | None) -> int:
     """The per-chunk transient under `auto`, in elements (counted as float32 whatever the dtype), for
-    a rank with `budget_gib` GiB (None: no budget, the ceiling)."""
-    if budget_gib is None:
+    a rank capped at `cap_gib` GiB (None: no cap, the ceiling)."""
+    if cap_gib is None:
         return AUTO_CEILING
-    return max(1, min(AUTO_CEILING, int(budget_gib * 2**30 * AUTO_SHARE) // 4))
+    return max(1, min(AUTO_CEILING, int(cap_gib * 2**30 * AUTO_SHARE) // 4))
 
 
 @contextmanager
-def sized_for(budget_gib: float | None) -> Iterator[None]:
-    """`auto` chunks bounded for a rank with this budget, for the real steps and the fake-tensor
-    estimate alike (one rule, so that the estimate traces the chunks that run)."""
+def sized_for(cap_gib: float | None) -> Iterator[None]:
+    """`auto` chunks bounded for a rank with this memory cap, for the real steps and the fake-tensor
+    trace alike (one rule, so that the trace runs the chunks that run: probe/trace.py `TraceSpec`)."""
     global _auto_elements
-    before, _auto_elements = _auto_elements, auto_elements(budget_gib)
+    before, _auto_elements = _auto_elements, auto_elements(cap_gib)
     try:
         yield
     finally:
