@@ -20,6 +20,7 @@ from cpbench.report import merge
 from cpbench.report.analysis import NOISY_IQR, noisy
 from cpbench.report.sections.run_metadata import LABELS
 from cpbench.results.folder import RunFolder
+from cpbench.results.paths import RunPaths
 from cpbench.results.store import read_results
 
 MIN_WARMUP = 1  # discarded steps before the timed ones
@@ -231,9 +232,9 @@ def rule_convergence(results: Results) -> RuleVerdict:
 
 
 def _allowed() -> set[str]:
-    """Every name a run or sweep folder may hold: RunFolder's files, the plots, the lock files."""
-    names = {v for k, v in vars(RunFolder).items() if k.isupper() and isinstance(v, str)}
-    return names | {RunFolder.MAX_N_PLOT, RunFolder.WALLTIME_PLOT, ".cpbench-turn.lock", "multirun.yaml"}
+    """Every name a run or sweep folder may hold: RunPaths's names (the files, the plots, the lock files),
+    and Hydra's record of a sweep."""
+    return {v for k, v in vars(RunPaths).items() if k.isupper() and isinstance(v, str)} | {"multirun.yaml"}
 
 
 def rule_stray_files(results: Results) -> RuleVerdict:
