@@ -15,7 +15,7 @@ from cpbench.core import ConfigError, Topology
 from cpbench.launch.base import Launcher
 from cpbench.launch.registry import launcher_for
 from cpbench.results.pooled import run_folders
-from cpbench.runtime.rank import check_socket_ifname
+from cpbench.runtime.rank import check_socket_ifname, device_type, pick_backend
 from cpbench.settings.schema import BenchConfig, Mode, Workflow
 from cpbench.settings.validate import to_settings, validate
 from cpbench.workloads.adapter import FoldCPAdapter, WorkloadError
@@ -62,6 +62,8 @@ def _build_workload(settings: BenchConfig) -> Workload:
         cause = err.__cause__
         if isinstance(cause, WorkloadError):
             raise ConfigError(str(cause)) from None
+        if isinstance(cause, ValueError):  # a built-in workload's own check names its knob
+            raise ConfigError(f"workload.{cause}") from None
         raise ConfigError(
             f"workload: cannot be built from {settings.workload} ({str(err).splitlines()[0]})"
         ) from None
@@ -80,6 +82,8 @@ def checked_run(cfg: DictConfig, in_sweep: bool = False) -> CheckedRun:
     _check_unused_overrides(settings)
     workload = _build_workload(settings)
     declared = traits(workload)
+    if ranks_run and launcher.runs_here and declared.check_device is not None:  # as the interfaces
+        declared.check_device(device_type(pick_backend(settings.dist.backend)))
     if settings.workflow is Workflow.convergence and declared.contract is not Contract.native:
         raise ConfigError("workflow=convergence: needs a workload of the native contract (cpbench steps)")
     if declared.check_topology is not None:

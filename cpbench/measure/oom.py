@@ -110,6 +110,9 @@ _KERNEL = re.compile(
             r"an illegal instruction was encountered",
             r"misaligned address",
             r"unspecified launch failure",
+            # a launch past the device's grid limits, as fused attention kernels meet at some N (a batch
+            # or a head dimension over 65,535 blocks: pytorch#146704, xformers#845)
+            r"invalid configuration argument",
             r"\bKernelFault:",
         )
     )

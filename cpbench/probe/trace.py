@@ -30,7 +30,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 from cpbench.core import RankContext, Shape, Topology
 from cpbench.distributed.comm import LEDGER, UNLABELLED
 from cpbench.measure.cap import cap_gib
-from cpbench.models.pairformer import chunking
+from cpbench.models.pairformer import chunking, kernels
 from cpbench.probe.autocast_rules import rules_for
 from cpbench.probe.owners import BACKWARD, OUTSIDE, WEIGHTS, ModuleStack
 from cpbench.runtime.compile_cache import import_dynamo
@@ -48,8 +48,9 @@ class TraceSpec:
     """What a trace takes from the run's settings, made once (`of`): the step (training or not), the
     precision and seed, the backend the ranks run over (gloo stages some collectives through buffers
     the trace counts; a rank's device decides whose autocast rules apply) and the per-rank memory cap
-    its ranks' `auto` chunks are sized for. A later trace option (the kernels a run takes) is a field
-    here."""
+    its ranks' `auto` chunks are sized for. The device also picks the fused attention op a trace runs
+    and counts (models/pairformer/kernels.py `for_device`); which kernels run is the workload's own
+    setting (`workload.kernels`)."""
 
     train: bool
     dtype: torch.dtype
@@ -190,8 +191,8 @@ def fake_rank(topology: Topology, rank: int, dtype: torch.dtype, seed: int) -> I
 
 def fake_ranks(topology: Topology, spec: TraceSpec) -> Iterator[tuple[int, RankContext]]:
     """Each traced rank in turn on its fake process group (`fake_rank`), with the chunks the run's
-    ranks take."""
-    with chunking.sized_for(spec.chunk_cap_gib):
+    ranks take and the fused attention op of their device."""
+    with chunking.sized_for(spec.chunk_cap_gib), kernels.for_device(spec.autocast_device):
         for rank in traced_ranks(topology):
             with fake_rank(topology, rank, spec.dtype, spec.seed) as ctx:
                 yield rank, ctx
@@ -269,7 +270,11 @@ def _trace(workload: Workload, topology: Topology, shape: Shape, spec: TraceSpec
     form = form or TracedForm.of(workload, topology, spec)
     cut_bytes, cut_params, workload = form.cut_bytes, form.cut_params, form.workload
     train, seed = spec.train, spec.seed
-    with fake_rank(topology, rank, spec.dtype, seed) as ctx, chunking.sized_for(spec.chunk_cap_gib):
+    with (
+        fake_rank(topology, rank, spec.dtype, seed) as ctx,
+        chunking.sized_for(spec.chunk_cap_gib),
+        kernels.for_device(spec.autocast_device),
+    ):
         seed_all(seed)
         model = workload.build_model(ctx)
         params = [p for p in model.parameters() if p.requires_grad]

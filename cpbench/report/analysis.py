@@ -17,9 +17,11 @@ if TYPE_CHECKING:
 # Rows differing in any of these are different experiments: each gets its own tables, plots, readout.
 # The workload's preset and a hash of its settings, the device model, the memory cap as set, and the
 # diffusion samples per trunk pass (they move the peak and the step: a max N at 1 sample is no answer
-# at 5) (cpbench/results/row.py); rows written before a column existed group by the others.
+# at 5), and the attention kernels (the logits written or not: models/pairformer/kernels.py)
+# (cpbench/results/row.py); rows written before a column existed group by the others.
 LIKE_FOR_LIKE = [
     "workload", "preset", "sizes_hash", "workflow", "dtype", "device", "memory_budget", "diffusion_samples",
+    "kernels",
 ]  # fmt: skip
 # Above this share of walltime in collectives, a run is communication-bound.
 BOUND_SHARE = 0.5
@@ -47,9 +49,10 @@ def _first(group: pd.DataFrame, column: str) -> str:
 
 
 def experiment_label(group: pd.DataFrame) -> str:
-    """What a group measured, e.g. `fold_small [sizes a90614e6], inference, float32, 2 diffusion
-    sample(s), cap 0.5 GiB/rank` (samples per trunk pass, where the workload has a diffusion batch):
-    the model's own name follows a preset that does not start with it (`adapter (my.module)`)."""
+    """What a group measured, e.g. `fold_small [sizes a90614e6], sdpa kernels, inference, float32, 2
+    diffusion sample(s), cap 0.5 GiB/rank` (the kernels where the workload records them, samples per
+    trunk pass where it has a diffusion batch): the model's own name follows a preset that does not
+    start with it (`adapter (my.module)`)."""
     preset, workload, sizes = (_first(group, c) for c in ("preset", "workload", "sizes_hash"))
     name = preset or workload
     name += f" ({workload})" if preset and workload and not preset.startswith(workload) else ""
@@ -58,7 +61,9 @@ def experiment_label(group: pd.DataFrame) -> str:
     cap = {"": "", "none": "uncapped", "device memory": "cap: device memory"}.get(cap, f"cap {cap}/rank")
     samples = _first(group, "diffusion_samples")
     samples = f"{int(float(samples))} diffusion sample(s)" if samples else ""
-    parts = [name, _first(group, "workflow"), _first(group, "dtype"), samples, cap]
+    kernels = _first(group, "kernels")
+    kernels = f"{kernels} kernels" if kernels else ""
+    parts = [name, kernels, _first(group, "workflow"), _first(group, "dtype"), samples, cap]
     parts += [f"input {_first(group, 'input')}"] if _first(group, "input") else []
     return ", ".join(part for part in parts if part)
 

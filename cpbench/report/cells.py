@@ -28,3 +28,13 @@ def cell(value: Any) -> str:
 def table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     return lines + ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
+
+
+def duration(seconds: float | None) -> str:
+    """A time as a person reads it, to three figures: ms below a second, s above, and 1,000 s and more
+    in full ("8,040 s", not "8.04e+03 s")."""
+    if seconds is None:
+        return "not estimated"
+    value, unit = (seconds, "s") if float(f"{seconds:.3g}") >= 1 else (seconds * 1e3, "ms")
+    value = float(f"{value:.3g}")  # three figures, in fixed point whatever the size
+    return f"{value:,.0f} {unit}" if value >= 100 else f"{value:g} {unit}"

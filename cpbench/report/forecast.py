@@ -10,14 +10,7 @@ from typing import Any
 
 import pandas as pd
 
-from cpbench.report.cells import table
-
-
-def duration(seconds: float | None) -> str:
-    """A time as a person reads it: ms below a second, s above."""
-    if seconds is None:
-        return "not estimated"
-    return f"{seconds:.3g} s" if seconds >= 1 else f"{seconds * 1e3:.3g} ms"
+from cpbench.report.cells import duration, table
 
 
 def forecast_table(forecasts: Sequence[Any]) -> list[str]:

@@ -29,12 +29,20 @@ def to_settings(cfg: DictConfig) -> BenchConfig:
     return settings
 
 
+SAMPLES_BY_WORKFLOW = (
+    "workload.diffusion_samples={counts}: the samples are set per workflow, e.g. "
+    "workload.diffusion_samples.inference={counts} (or .training)"
+)
+
+
 def workload_samples(settings: BenchConfig) -> int | None:
     """The workload's own diffusion samples per trunk pass in the run's workflow (its
     `diffusion_samples`); None for a workload without a diffusion batch."""
     counts = settings.workload.get("diffusion_samples") if isinstance(settings.workload, dict) else None
-    if not counts:
+    if counts is None:
         return None
+    if not isinstance(counts, dict):
+        raise ConfigError(SAMPLES_BY_WORKFLOW.format(counts=counts))
     training = settings.workflow in (Workflow.training, Workflow.convergence)
     return counts.get("training" if training else "inference")
 

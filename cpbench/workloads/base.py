@@ -78,6 +78,7 @@ class WorkloadTraits:
     real_job: Sequence[RealSetting | Limitation] = ()
     columns: Callable[[bool], dict] | None = None  # (train) -> settings each results.csv row records
     check_topology: Callable[[Any], None] | None = None  # refuses a topology before any rank starts
+    check_device: Callable[[str], None] | None = None  # (device type) refuses a device its ranks cannot use
     # (train) -> the workload with its repeated passes cut to those that set its peak, for a memory trace
     peak_form: Callable[[bool], Any] | None = None
     # (passes) -> the workload with `flop_loops(train)` cut to `passes`, for a FLOP count
@@ -99,6 +100,7 @@ def traits(workload: Workload) -> WorkloadTraits:
         real_job=tuple(getattr(workload, "real_job", ())),
         columns=hook("columns"),
         check_topology=hook("check_topology"),
+        check_device=hook("check_device"),
         peak_form=hook("peak_form"),
         flop_form=hook("flop_form"),
     )

@@ -30,7 +30,7 @@ from cpbench.models.fold.model import FoldModel
 from cpbench.models.fold.msa import MSAConfig
 from cpbench.models.pairformer import PairformerConfig, PairLayout
 from cpbench.workloads.base import Limitation, RealSetting
-from cpbench.workloads.pairformer import AF3_PAIRFORMER, SIZES_WHY, PairformerWorkload
+from cpbench.workloads.pairformer import AF3_PAIRFORMER, FUSED_KERNELS, SIZES_WHY, PairformerWorkload
 
 # AlphaFold3's sizes (its paper's supplement; configs/workload/fold.yaml): fold_small reduces them.
 AF3_SIZES = dict(
@@ -79,10 +79,12 @@ AF3_INFERENCE = (
         "in proportion", scales=True, workflow="inference",
     ),
     RealSetting(AF3_SIZES, "model sizes", SIZES_WHY, setting="workload=fold (AF3's sizes)"),
+    FUSED_KERNELS,
     RealSetting(
         {"diffusion_samples.inference": 5}, "diffusion samples per trunk pass",
-        "AF3 samples 5 structures per trunk pass, batched: the sampler's work and its activations (the "
-        "token attention's logits above all) grow with them, the trunk's do not", workflow="inference",
+        "AF3 samples 5 structures per trunk pass, batched: the sampler's work and its activations (with "
+        "the reference kernels the token attention's logits above all) grow with them, the trunk's do "
+        "not", workflow="inference",
     ),
     *AF3_TRAINING,
 )  # fmt: skip
@@ -194,9 +196,11 @@ class FoldWorkload(PairformerWorkload):
             samples=shape.diffusion_samples,
         )
 
-    def columns(self, train: bool) -> dict[str, int]:
-        """Recorded in results.csv: a training step runs one denoising step instead of sampling."""
-        return {"sampling_steps": 0 if train else self.fold.sampling_steps, "n_cycles": self.fold.n_cycles}
+    def columns(self, train: bool) -> dict[str, int | str]:
+        """Recorded in results.csv: a training step runs one denoising step instead of sampling; the
+        kernels as the Pairformer's."""
+        steps = {"sampling_steps": 0 if train else self.fold.sampling_steps, "n_cycles": self.fold.n_cycles}
+        return {**steps, **super().columns(train)}
 
     def run_step(self, model: FoldModel, batch: FoldBatch, train: bool) -> torch.Tensor:
         samples = batch.samples or self.diffusion_samples["training" if train else "inference"]
@@ -209,6 +213,9 @@ class FoldWorkload(PairformerWorkload):
 def diffusion_sample_counts(counts: Mapping[str, int] | None) -> dict[str, int]:
     """The diffusion samples per trunk pass in each workflow: AF3's (5 in inference, 48 in training)
     where not given."""
+    if counts is not None and not isinstance(counts, Mapping):
+        raise ValueError(f"diffusion_samples={counts}: the samples are set per workflow, e.g. "
+                         f"diffusion_samples.inference={counts} (or .training)")  # fmt: skip
     given = dict(counts) if counts is not None else {}
     if not set(given) <= {"inference", "training"}:
         raise ValueError(f"diffusion_samples={given}: the counts are `inference` and `training`")

@@ -16,11 +16,11 @@ from dataclasses import replace
 import torch
 from torch import nn
 
-from cpbench.core import RankContext, Shape
+from cpbench.core import ConfigError, RankContext, Shape
 from cpbench.distributed.grid import Grid
 from cpbench.inputs import fold_inputs
 from cpbench.models.embeddings import TOKEN_FEATURES, RelativePosition, token_features
-from cpbench.models.pairformer import PairformerConfig, PairformerStack, PairLayout
+from cpbench.models.pairformer import PairformerConfig, PairformerStack, PairLayout, kernels
 from cpbench.models.pairformer.batch import PairformerBatch
 from cpbench.models.pairformer.modules import LinearNoBias
 from cpbench.models.precision import MixedPrecision
@@ -30,6 +30,13 @@ from cpbench.workloads.base import RealSetting
 AF3_PAIRFORMER = dict(c_s=384, c_z=128, n_blocks=48, tri_mul_hidden=128, tri_heads=4, tri_head_width=32,
                       single_heads=16)  # fmt: skip
 SIZES_WHY = "a CPU-sized model: at AF3's sizes the compute per byte moved differs, and the bottleneck moves"
+# The attention kernels real AF3-class models run: fused, never writing the logits (AF3's Pallas and
+# Tokamax kernels, Boltz's cuEquivariance and SDPA); sdpa is torch's own (models/pairformer/kernels.py).
+FUSED_KERNELS = RealSetting(
+    {"kernels": "sdpa"}, "attention kernels",
+    "real models run fused attention that never writes the logits; the reference writes them (N^3 H / P "
+    "per triangle attention), so its memory and time describe no real model",
+)  # fmt: skip
 # Rows per chunk that make every chunk loop one chunk of all its rows (chunking.row_slices).
 ONE_CHUNK = 2**62
 
@@ -74,6 +81,7 @@ class PairformerWorkload:
     name = "pairformer"
     real_job = (
         RealSetting(AF3_PAIRFORMER, "model sizes", SIZES_WHY, setting="workload=pairformer (AF3's sizes)"),
+        FUSED_KERNELS,
     )
     counts_comm = True  # every collective goes through cpbench.distributed.comm
     takes_inputs = True  # its batch is the input's features (fold_inputs): data.path is read
@@ -90,6 +98,7 @@ class PairformerWorkload:
         transition_factor: int = 4,
         dtype: str | None = None,
         chunk_size: int | None = None,
+        kernels: str = "sdpa",
         checkpoint: bool = False,
         compile: str | bool = "off",
         fullgraph: bool = False,
@@ -98,7 +107,7 @@ class PairformerWorkload:
         self.knobs = dict(
             c_s=c_s, c_z=c_z, n_blocks=n_blocks, tri_mul_hidden=tri_mul_hidden, tri_heads=tri_heads,
             tri_head_width=tri_head_width, single_heads=single_heads, transition_factor=transition_factor,
-            chunk_size=chunk_size, checkpoint=checkpoint,
+            chunk_size=chunk_size, kernels=kernels, checkpoint=checkpoint,
             compile="off" if compile is False else compile,  # YAML 1.1 reads a bare `off` as false
             fullgraph=fullgraph, compile_backend=compile_backend,
         )  # fmt: skip
@@ -151,6 +160,18 @@ class PairformerWorkload:
 
     def _model(self, cfg: PairformerConfig, layout: PairLayout) -> nn.Module:
         return PairformerModel(cfg, layout)
+
+    def check_device(self, device_type: str) -> None:
+        """Refuse kernels its ranks' device cannot run (cueq off CUDA, or not installed), in one line."""
+        why = kernels.cueq_refusal(device_type) if self.knobs["kernels"] == "cueq" else None
+        if why is not None:
+            raise ConfigError(why)
+
+    def columns(self, train: bool) -> dict[str, str]:
+        """Recorded in results.csv: the attention kernels, and the package (with its version) that
+        runs them; rows of other kernels are another experiment (report/analysis.py)."""
+        name = self.knobs["kernels"]
+        return {"kernels": name, "kernels_version": kernels.version_of(name)}
 
     def build_batch(self, shape: Shape, ctx: RankContext) -> PairformerBatch:
         return PairformerBatch.of(fold_inputs(shape, ctx).to(ctx.device))

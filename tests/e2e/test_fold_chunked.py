@@ -1,6 +1,7 @@
 """Inference chunking (the in-place, chunk-by-chunk form of every pair op) equals the plain form.
 
-The fold workload with chunking against the plain one-rank model: the sampled positions, and in
+The fold workload with chunking, with the reference kernels and the fused sdpa, against the plain
+one-rank model with the reference kernels: the sampled positions, and in
 training (where the recycling passes before the last run without autograd, hence chunked) the loss
 and every parameter's gradient; at cp=1 in this process, and on real gloo ranks in 1d cp 2 and 2d
 2x2 (support/cp_ranks.py). The Pairformer stack alone the same way. The chunk rule itself, and that a
@@ -20,6 +21,7 @@ from support.tiny_fold import TINY, fold_failures, fold_run
 
 from cpbench.core import RankContext, Shape, Topology
 from cpbench.models.pairformer import PairformerConfig, PairformerStack
+from cpbench.models.pairformer.kernels import KERNELS
 from cpbench.probe import trace
 from cpbench.probe.trace import TraceSpec
 from cpbench.workloads.fold import FoldWorkload
@@ -47,9 +49,10 @@ def plain(tmp_path_factory) -> Path:
     return path
 
 
-def test_fold_chunked_equals_plain_one_rank(plain: Path) -> None:
+@pytest.mark.parametrize("kernels", KERNELS[:2])
+def test_fold_chunked_equals_plain_one_rank(plain: Path, kernels: str) -> None:
     loss, grads, x = torch.load(plain)
-    loss_c, grads_c, x_c = fold_run(_single(), SHAPE, CHUNK)[:3]
+    loss_c, grads_c, x_c = fold_run(_single(), SHAPE, CHUNK, kernels)[:3]
     torch.testing.assert_close(x_c, x)
     torch.testing.assert_close(loss_c, loss)
     for g_c, g in zip(grads_c, grads, strict=True):
@@ -62,7 +65,9 @@ def _cp_rank(rank: int, world: int, tmp: str, kind: str, grid: tuple[int, int], 
     failures: list[str] = []
     try:
         ctx = rank_context(rank, world, tmp, kind, grid)
-        failures = fold_failures(ctx, grid, SHAPE, CHUNK, reference=torch.load(plain))
+        reference = torch.load(plain)
+        for kernels in KERNELS[:2]:  # the reference and sdpa (cueq: CUDA alone)
+            failures += fold_failures(ctx, grid, SHAPE, CHUNK, reference=reference, kernels=kernels)
         checks = Checks(ctx)
         torch.manual_seed(3)
         plain = PairformerStack(PairformerConfig(**CFG))

@@ -1,4 +1,5 @@
-"""The fold workload in 1d and 2d context parallelism equals its one-rank self: the denoising loss,
+"""The fold workload in 1d and 2d context parallelism, with each kernel set (`workload.kernels`: the
+reference and the fused sdpa), equals its one-rank self with the reference kernels: the denoising loss,
 every parameter's gradient (summed over ranks, as the driver does), and the sampled positions of
 each rank's atoms. Windows cross every shard border (a few tokens per rank, ~10 atoms per token),
 the cp=4 case has a row block of padding only, hence no atoms at all, and on the 2d grids the atoms of
@@ -9,16 +10,20 @@ from __future__ import annotations
 import traceback
 
 import pytest
-from support.cp_ranks import rank_context, report, spawn
-from support.tiny_fold import fold_failures
+from support.cp_ranks import one_rank, rank_context, report, spawn
+from support.tiny_fold import fold_failures, fold_run
 
 from cpbench.core import Shape
+from cpbench.models.pairformer.kernels import KERNELS
 
 
 def _fold_rank(rank: int, world: int, tmp: str, kind: str, grid: tuple[int, int], shape: Shape) -> None:
     failures: list[str] = []
     try:
-        failures = fold_failures(rank_context(rank, world, tmp, kind, grid), grid, shape)
+        ctx = rank_context(rank, world, tmp, kind, grid)
+        reference = fold_run(one_rank(ctx), shape)[:3]
+        for kernels in KERNELS[:2]:  # cueq runs on CUDA alone (tests/unit/test_kernels.py: its refusal)
+            failures += fold_failures(ctx, grid, shape, reference=reference, kernels=kernels)
     except Exception:
         failures.append(f"rank {rank}: {traceback.format_exc()}")
     finally:
@@ -26,6 +31,7 @@ def _fold_rank(rank: int, world: int, tmp: str, kind: str, grid: tuple[int, int]
 
 
 CASES = {
+    "1": ("1d", (1, 1), Shape(11, 120, 3)),  # one rank: the fused kernels against the reference alone
     "1d-2": ("1d", (2, 1), Shape(11, 120, 3)),
     "1d-4": ("1d", (4, 1), Shape(9, 100, 3)),  # padded to 12: the last row block is all padding
     "2d-2x2": ("2d", (2, 2), Shape(11, 120, 3)),

@@ -98,7 +98,7 @@ def test_cpu_and_gpu_runs_never_share_a_table_or_a_plot(fold_small, tmp_path):
     text = merged.report.read_text()
     sizes = merged.frame["sizes_hash"].iloc[0]
     cpu = json.loads((fold_small / "run.json").read_text())["device"]
-    heading = f"## fold_small [sizes {sizes}], inference, float32, 2 diffusion sample(s)"
+    heading = f"## fold_small [sizes {sizes}], sdpa kernels, inference, float32, 2 diffusion sample(s)"
     assert f"{heading}, cap 0.5 GiB/rank on {cpu}\n" in text
     assert f"{heading}, cap: device memory on {GPU}\n" in text
     assert _panels(tmp_path / "merged" / RunFolder.WALLTIME_PLOT) == 2

@@ -29,9 +29,9 @@ SIZES += [
 ]
 
 
-def fold_run(ctx, shape: Shape, chunk: int | None = None) -> tuple:
+def fold_run(ctx, shape: Shape, chunk: int | None = None, kernels: str = "reference") -> tuple:
     """(loss share, gradients, sampled positions, model, batch) of the TINY fold workload on `ctx`."""
-    workload = FoldWorkload(**TINY, chunk_size=chunk)
+    workload = FoldWorkload(**TINY, chunk_size=chunk, kernels=kernels)
     model = workload.build_model(ctx)
     batch = workload.build_batch(shape, ctx)
     loss, grads = loss_and_grads(workload, model, batch)
@@ -41,20 +41,21 @@ def fold_run(ctx, shape: Shape, chunk: int | None = None) -> tuple:
 
 
 def fold_failures(ctx, grid: tuple[int, int], shape: Shape, chunk: int | None = None,
-                  reference: tuple | None = None) -> list[str]:  # fmt: skip
-    """This rank's shard of the fold workload (`chunk`: its chunk_size) against the plain one-rank
-    model (`reference`: its loss, gradients and positions when already computed): loss, summed
-    gradients, positions, and the halo plan."""
+                  reference: tuple | None = None, kernels: str = "reference") -> list[str]:  # fmt: skip
+    """This rank's shard of the fold workload (`chunk`: its chunk_size; `kernels`: its attention
+    kernels) against the plain one-rank model with the reference kernels (`reference`: its loss,
+    gradients and positions when already computed): loss, summed gradients, positions, and the halo
+    plan."""
     rank, failures = ctx.rank, []
 
     def check(what, actual, expected):
         try:
             torch.testing.assert_close(actual, expected)
         except AssertionError as err:
-            failures.append(f"rank {rank}: {what}: {err}")
+            failures.append(f"rank {rank}, kernels={kernels}: {what}: {err}")
 
     loss1, grads1, x1 = reference or fold_run(one_rank(ctx), shape)[:3]
-    share, grads, x, model, batch = fold_run(ctx, shape, chunk)
+    share, grads, x, model, batch = fold_run(ctx, shape, chunk, kernels)
     windows = batch.atoms.windows
     check("loss", all_reduce_sum(share, dist.group.WORLD), loss1)
     for i, (g, g1) in enumerate(zip(grads, grads1, strict=True)):

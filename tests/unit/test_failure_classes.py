@@ -72,6 +72,8 @@ FACES: dict[str, dict[str, BaseException]] = {
         "illegal instruction": CUDA_ERROR("CUDA error: an illegal instruction was encountered"),
         "misaligned address": CUDA_ERROR("CUDA error: misaligned address"),
         "launch failure": CUDA_ERROR("CUDA error: unspecified launch failure"),
+        # a fused attention kernel launched past the grid's limits at some N (pytorch#146704)
+        "grid too large": CUDA_ERROR("CUDA error: invalid configuration argument"),
     },
     "comm": {
         "NCCL remote": dist.DistBackendError(

@@ -43,6 +43,24 @@ SETTINGS = [
     (["fault.where=nowhere"], "fault.where=nowhere: allowed values are batch, step"),
     (["topology.cp=2", "fault.rank=7"], "fault.rank=7: must be a rank of topology.cp=2 (0 to 1) or null"),
     (["fault.rank=0", "fault.at_n=0"], "fault.at_n=0: must be > 0"),
+    # A workload knob out of range names its key (the workload's own check, read before anything runs).
+    (
+        ["workload=fold_small", "workload.chunk_size=-1"],
+        "workload.chunk_size=-1: must be null or a positive integer (or auto)",
+    ),
+    (
+        ["workload=fold_small", "workload.kernels=flash"],
+        "workload.kernels='flash': allowed values are reference, sdpa, cueq",
+    ),
+    (
+        ["workload=fold_small", "workload.kernels=cueq"],
+        "kernels=cueq runs NVIDIA's CUDA kernels only; this run's ranks are on cpu",
+    ),
+    (
+        ["workload=fold_small", "workload.diffusion_samples=5"],
+        "workload.diffusion_samples=5: the samples are set per workflow, "
+        "e.g. workload.diffusion_samples.inference=5 (or .training)",
+    ),
 ]
 
 

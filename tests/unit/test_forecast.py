@@ -210,3 +210,12 @@ def test_a_forecast_without_figures_or_with_bad_settings_is_refused(tmp_path):
     proc = refused(*figures, "forecast.plan_max_cp=0", cwd=tmp_path)
     assert proc.returncode == 2 and "forecast.plan_max_cp=0: must be > 0" in proc.stderr
     assert not (tmp_path / "f").exists()  # a refused forecast leaves nothing
+
+
+def test_times_read_in_full_to_three_figures():
+    """A forecast's step of 1,000 s and more in full, never in exponent form; ms below a second."""
+    from cpbench.report.cells import duration
+
+    cases = {0.0123: "12.3 ms", 0.9996: "1 s", 24.14: "24.1 s", 999.6: "1,000 s", 8043.2: "8,040 s",
+             41912.0: "41,900 s", None: "not estimated"}  # fmt: skip
+    assert {seconds: duration(seconds) for seconds in cases} == cases

@@ -30,7 +30,7 @@ from cpbench.distributed.comm import all_reduce_sum, all_to_all_v, op_label
 from cpbench.distributed.grid import Grid
 from cpbench.inputs.contract import ATOM_NAME_LEN, NUM_ELEMENTS, NUM_NAME_CHARS
 from cpbench.models.fold.conditioned import ConditionedAttention, ConditionedTransition
-from cpbench.models.pairformer import PairLayout, ops
+from cpbench.models.pairformer import PairLayout, kernels, ops
 from cpbench.models.pairformer.modules import LinearNoBias
 
 QUERIES, KEYS = 32, 128  # AF3's atom attention window: 32 queries, 128 keys centred on them
@@ -189,7 +189,8 @@ class AtomTransformer(nn.Module):
             query, g = attention.queries(front(windows.queries(x)))
             k, v = attention.keys_values(front(windows.keys(x)))
             bias = attention.pair_bias(p)
-            part = ops.attention_partial(query, k, v, bias[:, None] if batched else bias, key_mask)
+            bias = bias[:, None] if batched else bias
+            part = kernels.attend_partial(attention.kernels, query, k, v, bias, key_mask)
             a = front(windows.queries(q_ext)) + attention.output(part, g, c_q)
             a = a + transition(a, c_q)
             q = windows.mine(a.movedim(1, 2) if batched else a)

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from cpbench.distributed.comm import op_label
-from cpbench.models.pairformer import PairLayout, ops
+from cpbench.models.pairformer import PairLayout, kernels, ops
 from cpbench.models.pairformer.modules import LinearNoBias, pair_bias_rows
 
 
@@ -57,6 +57,8 @@ class ConditionedTransition(nn.Module):
 class ConditionedAttention(nn.Module):
     """Algorithm 24 with conditioning: queries, keys and values from AdaLN(a, s), a per-head bias
     from LayerNorm(pair), a sigmoid gate from the normalised a, and the output gated by s."""
+
+    kernels = "reference"  # the attention kernels (models/pairformer/kernels.py), set by `kernels.use`
 
     def __init__(self, c_a: int, c_s: int, c_pair: int, heads: int):
         super().__init__()
@@ -124,7 +126,7 @@ class TokenTransformer(nn.Module):
                 k, v = attention.keys_values(layout.col_tokens(x, n).movedim(1, 0))
                 # One bias for every sample: the logits [S, H, h, w] grow with the samples, it does not.
                 bias = pair_bias_rows(z, attention.pair_bias_last, self.chunk_size).movedim(-1, -3)
-                part = ops.attention_partial(q, k, v, bias, mask_bias)
+                part = kernels.attend_partial(attention.kernels, q, k, v, bias, mask_bias)
                 del bias
                 a = a + attention.output(layout.merge_row_group(part), g, s_front).movedim(0, 1)
                 del x, q, g, k, v, part  # before the next block: each repeats the first's peak

@@ -18,7 +18,7 @@ from cpbench.models.fold.batch import FoldBatch
 from cpbench.models.fold.config import FoldConfig
 from cpbench.models.fold.diffusion import DiffusionModule
 from cpbench.models.fold.msa import MSAModule
-from cpbench.models.pairformer import PairformerStack, PairLayout, chunking
+from cpbench.models.pairformer import PairformerStack, PairLayout, chunking, kernels
 from cpbench.models.pairformer.modules import LinearNoBias
 from cpbench.models.precision import MixedPrecision
 
@@ -38,6 +38,7 @@ class FoldModel(MixedPrecision, nn.Module):
         self.msa = MSAModule(cfg.msa)
         self.pairformer = PairformerStack(cfg.pairformer)
         self.diffusion = DiffusionModule(d, c_s, c_z, c_in, cfg.pairformer.chunk_size)
+        kernels.use(self, cfg.pairformer.kernels)
 
     def trunk(self, batch: FoldBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(s_inputs, s, z) after the last recycling pass. With chunking on, a pass without autograd

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from cpbench.models.pairformer.chunking import check_chunk_size
+from cpbench.models.pairformer.kernels import check_kernels
 
 COMPILE_MODES = ("off", "default", "max-autotune")
 DTYPES = ("fp32", "bf16")
@@ -24,6 +25,9 @@ class PairformerConfig:
     transition_factor: int = 4  # n of the SwiGLU transitions
     dtype: str = "fp32"  # fp32, or bf16: fp32 weights under bf16 autocast
     chunk_size: int | str | None = None  # inference: rows per chunk of every pair op, or auto (chunking.py)
+    # every pair-biased attention's kernels: reference | sdpa | cueq (kernels.py); the workloads' default
+    # is sdpa (configs/workload/pairformer.yaml), the plain model's the reference, as chunk_size's
+    kernels: str = "reference"
     checkpoint: bool = False  # training: recompute each block in the backward
     compile: str = "off"  # torch.compile of the communication-free parts: off | default | max-autotune
     fullgraph: bool = False
@@ -33,6 +37,7 @@ class PairformerConfig:
         sizes = ("c_s", "c_z", "n_blocks", "tri_mul_hidden", "tri_heads", "tri_head_width", "single_heads")
         require_positive(self, *sizes, "transition_factor")
         check_chunk_size(self.chunk_size)
+        check_kernels(self.kernels)
         if self.c_s % self.single_heads:
             raise ValueError(f"single_heads={self.single_heads}: must divide c_s={self.c_s}")
         if self.dtype not in DTYPES:

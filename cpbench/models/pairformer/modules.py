@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from cpbench.distributed.grid import row_slice
-from cpbench.models.pairformer import chunking, ops
+from cpbench.models.pairformer import chunking, kernels, ops
 from cpbench.models.pairformer.layout import PairLayout
 
 
@@ -118,6 +118,7 @@ class TriangleAttention(nn.Module):
     column j attends over k with bias b_ki), with gating and a per-head bias from z."""
 
     LOCAL_METHODS = ("_pre", "_queries", "_bias", "_kv", "_attend", "_partial", "_post")
+    kernels = "reference"  # the attention kernels (kernels.py), set for the whole model by `kernels.use`
 
     def __init__(self, c_z: int, heads: int, width: int, starting: bool, chunk_size: int | str | None = None):
         super().__init__()
@@ -143,10 +144,16 @@ class TriangleAttention(nn.Module):
                 self.v(x).unflatten(-1, (self.heads, self.width)))  # fmt: skip
 
     def _attend(self, q, k, v, bias, mask_bias) -> torch.Tensor:
-        return ops.attention(q, k, v, bias, mask_bias)
+        return kernels.attend(self.kernels, q, k, v, bias, mask_bias, triangle=True)
 
     def _partial(self, q, k, v, bias, mask_bias) -> ops.Partial:
-        return ops.attention_partial(q, k, v, bias, mask_bias)
+        return kernels.attend_partial(self.kernels, q, k, v, bias, mask_bias, triangle=True)
+
+    def _mask_bias(self, row_keep: torch.Tensor, key_keep: torch.Tensor) -> torch.Tensor:
+        """[rows, 1, 1, keys] masking padded keys, and on padded query rows every key (the reference's
+        rule); a fused kernel takes one mask for every row, [1, 1, 1, keys]: see kernels.py."""
+        keep = row_keep * key_keep if self.kernels == "reference" else key_keep
+        return (ops.MASK_BIAS * (keep - 1))[:, None, None, :]
 
     def _post(self, o: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
         o = o.permute(0, 2, 1, 3).flatten(-2)  # [i, h, j, d] -> [i, j, h*d]
@@ -183,9 +190,9 @@ class TriangleAttention(nn.Module):
         for keys, x_keys in layout.key_blocks(x, n):
             for sub, bias in layout.fetch_rows(bias_t, keys, n):
                 k, v = self._kv(row_slice(x_keys, sub.start - keys.start, sub.stop - keys.start, dim=1))
-                mask_bias = ops.MASK_BIAS * (row_keep * mask[None, sub.start : sub.stop] - 1)
+                mask_bias = self._mask_bias(row_keep, mask[None, sub.start : sub.stop])
                 bias = bias.permute(2, 1, 0).contiguous()  # [h, j, k]: read once per query row i
-                args = (q, k, v, bias, mask_bias[:, None, None, :])
+                args = (q, k, v, bias, mask_bias)
                 if layout.single:  # every key in one piece: a plain softmax
                     return self._post(self._attend(*args), g)
                 part = self._partial(*args)
@@ -210,8 +217,8 @@ class TriangleAttention(nn.Module):
             for (keys, x_keys), pieces in zip(layout.key_blocks(x, n), biases, strict=True):
                 for sub, bias in pieces:
                     k, v = self._kv(row_slice(x_keys, sub.start - keys.start, sub.stop - keys.start, dim=1))
-                    mask_bias = ops.MASK_BIAS * (row_keep[i] * mask[None, sub.start : sub.stop] - 1)
-                    args = (q, k, v, bias, mask_bias[:, None, None, :])
+                    mask_bias = self._mask_bias(row_keep[i], mask[None, sub.start : sub.stop])
+                    args = (q, k, v, bias, mask_bias)
                     if layout.single:
                         out = self._attend(*args)
                         continue
@@ -256,6 +263,7 @@ class AttentionPairBias(nn.Module):
     over all tokens with a per-head bias from LayerNorm(z) and a sigmoid gate."""
 
     LOCAL_METHODS = ("_pre", "_pair_bias", "_kv", "_attend", "_partial", "_post")
+    kernels = "reference"  # as TriangleAttention's
 
     def __init__(self, c_s: int, c_z: int, heads: int, chunk_size: int | str | None = None):
         super().__init__()
@@ -281,10 +289,10 @@ class AttentionPairBias(nn.Module):
                 self.v(a).unflatten(-1, (self.heads, self.width)))  # fmt: skip
 
     def _attend(self, q, k, v, bias, mask_bias) -> torch.Tensor:
-        return ops.attention(q, k, v, bias, mask_bias)
+        return kernels.attend(self.kernels, q, k, v, bias, mask_bias)
 
     def _partial(self, q, k, v, bias, mask_bias) -> ops.Partial:
-        return ops.attention_partial(q, k, v, bias, mask_bias)
+        return kernels.attend_partial(self.kernels, q, k, v, bias, mask_bias)
 
     def _post(self, o: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
         o = o.permute(1, 0, 2).flatten(-2)  # [h, i, d] -> [i, h*d]

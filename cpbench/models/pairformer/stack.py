@@ -6,6 +6,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from cpbench.models.pairformer import kernels
 from cpbench.models.pairformer.block import PairformerBlock
 from cpbench.models.pairformer.config import PairformerConfig
 from cpbench.models.pairformer.layout import PairLayout
@@ -16,6 +17,7 @@ class PairformerStack(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.blocks = nn.ModuleList(PairformerBlock(cfg) for _ in range(cfg.n_blocks))
+        kernels.use(self, cfg.kernels)
         if cfg.compile != "off":
             compile_local_methods(self, cfg)
 

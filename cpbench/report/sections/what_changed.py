@@ -11,7 +11,7 @@ import pandas as pd
 from cpbench.core.phases import COLUMNS, COUNTED_BY, SAMPLING_STEP, TRUNK
 from cpbench.record.run_record import Change
 from cpbench.report.analysis import ok_points
-from cpbench.report.cells import table
+from cpbench.report.cells import duration, table
 
 
 def what_changed_lines(changes: Sequence[Change]) -> list[str]:
@@ -40,10 +40,6 @@ _LOOPS = (
 )
 
 
-def _duration(ms: float) -> str:
-    return f"{ms / 1e3:.3g} s" if ms >= 1e3 else f"{ms:.3g} ms"
-
-
 def _present(value: object) -> bool:
     return value is not None and not pd.isna(value)
 
@@ -69,10 +65,10 @@ def _estimate(row: pd.Series, scaled: dict[str, Change], topology: bool) -> str:
     # The slowest rank's medians of each phase need not add up to the step's: the rest is never negative.
     rest = max(0.0, walltime - sum(n * ms for _, n, ms, _ in terms))
     total = sum(real * ms for real, _, ms, _ in terms) + rest
-    formula = " + ".join(f"{real:.4g} {what} x {_duration(ms)}" for real, _, ms, what in terms)
+    formula = " + ".join(f"{real:.4g} {what} x {duration(ms / 1e3)}" for real, _, ms, what in terms)
     measured = " and ".join(f"{n:.4g}" for _, n, _, _ in terms)
     return (
-        f"- {where}: {formula} + {_duration(rest)} rest = **{_duration(total)}** "
+        f"- {where}: {formula} + {duration(rest / 1e3)} rest = **{duration(total / 1e3)}** "
         f"(the measured step ran {measured} of them: {walltime:.4g} ms)"
     )
 
