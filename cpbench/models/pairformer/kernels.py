@@ -95,7 +95,8 @@ def for_device(device_type: str) -> Iterator[None]:
 
 def attend(kernels: str, q, k, v, bias, mask_bias, triangle: bool = False) -> torch.Tensor:
     """The normalised output [..., H, Q, d] (float32) over every key, by the named kernels; q
-    [..., Q, H, d], k and v [..., K, H, d], bias and mask_bias broadcast to [..., H, Q, K]."""
+    [..., Q, H, d], k and v [..., K, H, d], bias and mask_bias broadcast to [..., H, Q, K] (a fused
+    kernel's mask_bias may be None where the bias holds the mask already)."""
     if kernels == "reference":
         return ops.attention(q, k, v, bias, mask_bias)
     return _fused(kernels, q, k, v, bias, mask_bias, triangle).o
@@ -113,7 +114,8 @@ def attend_partial(kernels: str, q, k, v, bias, mask_bias, triangle: bool = Fals
 def _fused(kernels: str, q, k, v, bias, mask_bias, triangle: bool) -> ops.Partial:
     lead = q.shape[:-3]
     q4, k4, v4 = (_batched(x.movedim(-2, -3)) for x in (q, k, v))  # [B, H, Q or K, d]
-    mask = bias.to(q.dtype) + mask_bias.to(q.dtype)  # the additive mask: the bias where a key is valid
+    # The additive mask: the bias where a key is valid (None: the caller added the mask to the bias).
+    mask = bias.to(q.dtype) if mask_bias is None else bias.to(q.dtype) + mask_bias.to(q.dtype)
     mask = _batched(mask.expand(*lead, *mask.shape[-3:]) if mask.dim() > 4 else mask)
     kernel = "cueq" if kernels == "cueq" and triangle else "sdpa"
     o, lse = _Fused.apply(q4, k4, v4, mask, q.shape[-1] ** -0.5, kernel)

@@ -155,6 +155,14 @@ class TriangleAttention(nn.Module):
         keep = row_keep * key_keep if self.kernels == "reference" else key_keep
         return (ops.MASK_BIAS * (keep - 1))[:, None, None, :]
 
+    def _key_bias(self, b: torch.Tensor, key_keep: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """One key piece's b_jk as [h, j, k], read by every chunk of query rows: under a fused kernel with
+        the key mask added here once, in the compute dtype (the kernel's mask), not once a chunk."""
+        b = b.permute(2, 1, 0).contiguous()
+        if self.kernels == "reference":
+            return b
+        return b.add_(ops.MASK_BIAS * (key_keep - 1)).to(dtype)
+
     def _post(self, o: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
         o = o.permute(0, 2, 1, 3).flatten(-2)  # [i, h, j, d] -> [i, j, h*d]
         return self.out(g * o.to(g.dtype))
@@ -204,10 +212,14 @@ class TriangleAttention(nn.Module):
         built and fetched whole first; each chunk's keys travel the row ring as in `_starting`."""
         rows = layout.rows(n)
         h, w = z.shape[:2]
-        slices = chunking.row_slices(h, self.chunk_size, self.heads * w * n)
+        fused = self.kernels != "reference"
+        # A row's largest transient: its logits (H w n), or under a fused kernel, which writes none, its
+        # normed rows, queries, keys, values, gate and output
+        per_row = w * (z.shape[-1] + 5 * self.heads * self.width) if fused else self.heads * w * n
+        slices = chunking.row_slices(h, self.chunk_size, per_row)
         bias_t = layout.transpose(pair_bias_rows(z, self._bias, self.chunk_size), n)  # b_jk at [k, j]
-        biases = [[(sub, b.permute(2, 1, 0).contiguous()) for sub, b in layout.fetch_rows(bias_t, k, n)]
-                  for k in layout.key_ranges(n)]  # fmt: skip
+        biases = [[(sub, self._key_bias(b, mask[None, sub.start : sub.stop], _compute_dtype(z)))
+                   for sub, b in layout.fetch_rows(bias_t, k, n)] for k in layout.key_ranges(n)]  # fmt: skip
         del bias_t
         row_keep = mask[rows.start : rows.stop, None]
         for i in slices:
@@ -217,7 +229,9 @@ class TriangleAttention(nn.Module):
             for (keys, x_keys), pieces in zip(layout.key_blocks(x, n), biases, strict=True):
                 for sub, bias in pieces:
                     k, v = self._kv(row_slice(x_keys, sub.start - keys.start, sub.stop - keys.start, dim=1))
-                    mask_bias = self._mask_bias(row_keep[i], mask[None, sub.start : sub.stop])
+                    mask_bias = (
+                        None if fused else self._mask_bias(row_keep[i], mask[None, sub.start : sub.stop])
+                    )
                     args = (q, k, v, bias, mask_bias)
                     if layout.single:
                         out = self._attend(*args)
