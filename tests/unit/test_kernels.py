@@ -65,6 +65,15 @@ def test_the_fused_output_lse_and_every_gradient_are_the_softmaxs(call):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=lambda m, name=name: f"d{name}: {m}")
 
 
+def test_a_bias_laid_out_by_another_dim_order_gives_the_same_answer():
+    """The single attention's bias is [H, i, j] permuted from z's [i, j, H]: its rows are not where a
+    contiguous bias's are (torch 2.6's CPU kernel read them as if they were)."""
+    q, k, v, _, mask_bias = _inputs(*CALLS["pair-bias"], dtype=torch.float32)
+    bias = torch.randn(6, 7, 2).permute(2, 0, 1)
+    fused = kernels.attend("sdpa", q, k, v, bias, mask_bias)
+    torch.testing.assert_close(fused, kernels.attend("reference", q, k, v, bias, mask_bias))
+
+
 def test_partials_over_pieces_of_the_keys_merge_to_the_whole_with_its_gradients():
     """As a CP rank merges its peers' key blocks: two halves, by log-sum-exp, equal one piece."""
     q, k, v, bias, mask_bias = _inputs(*CALLS["triangle"], dtype=torch.float32)

@@ -117,6 +117,10 @@ def _fused(kernels: str, q, k, v, bias, mask_bias, triangle: bool) -> ops.Partia
     # The additive mask: the bias where a key is valid (None: the caller added the mask to the bias).
     mask = bias.to(q.dtype) if mask_bias is None else bias.to(q.dtype) + mask_bias.to(q.dtype)
     mask = _batched(mask.expand(*lead, *mask.shape[-3:]) if mask.dim() > 4 else mask)
+    if mask.stride(-1) != 1 or (mask.shape[-2] > 1 and mask.stride(-2) != mask.shape[-1]):
+        # both kernels read a mask's rows as they lie in memory (torch 2.6's CPU op ignored other
+        # strides: a permuted pair bias, [H, i, j] of z's [i, j, H], gave wrong outputs)
+        mask = mask.contiguous()
     kernel = "cueq" if kernels == "cueq" and triangle else "sdpa"
     o, lse = _Fused.apply(q4, k4, v4, mask, q.shape[-1] ** -0.5, kernel)
     o = o.reshape(*lead, *o.shape[-3:]).float()
