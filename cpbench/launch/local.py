@@ -3,6 +3,7 @@ free localhost port), relaunched after a crash; or one rank in this process (cp=
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import os
@@ -204,6 +205,11 @@ def _launch_once(spec: RunSpec, nprocs: int) -> None:
         raise _failure(err) from None
     finally:
         tempfile.tempdir = tempdir
+        # The agent's rendezvous keeps a heartbeat thread whose weakref.finalize joins it. Left to a later
+        # collection, an interrupted run's agent could be collected on that very thread, which then
+        # printed "cannot join current thread" with a traceback (seen once under SIGTERM): collected here,
+        # on the main thread, at once.
+        gc.collect()
 
 
 def _rank(spec: RunSpec) -> None:

@@ -5,6 +5,7 @@ process. The counts through `python -m cpbench` are in tests/e2e/test_flops_runs
 from __future__ import annotations
 
 import functools
+import statistics
 
 import pandas as pd
 import pytest
@@ -122,10 +123,11 @@ def test_efficiency_divides_by_ranks_walltime_and_peak():
 
 
 def test_the_cpu_gemm_rate_agrees_with_torch_utils_benchmark():
-    """The measured CPU peak within 10% of torch.utils.benchmark's fastest product for the same GEMM
-    on the same thread (one, as each of two ranks gets on this machine). Both sides take their fastest
-    product and the two alternate, ten times each, so that both sample the same load: the suite's
-    other workers share these cores, and two medians timed a second apart once differed by 2x."""
+    """The measured CPU peak within 10% of torch.utils.benchmark's for the same GEMM on the same thread
+    (one, as each of two ranks gets on this machine): each side's fastest product, ten times, the two
+    alternating so that both sample the same load (the suite's other workers share these cores: two
+    medians timed a second apart once differed by 2x), and the medians of those ten compared. The
+    largest of ten was one outlier's: it differed by 23 % under load."""
     n, threads = peaks.CPU_GEMM_N, torch.get_num_threads()
     a, b, out = torch.randn(n, n), torch.randn(n, n), torch.empty(n, n)
     timer = benchmark.Timer("torch.mm(a, b, out=out)", globals=dict(torch=torch, a=a, b=b, out=out),
@@ -138,7 +140,8 @@ def test_the_cpu_gemm_rate_agrees_with_torch_utils_benchmark():
             theirs.append(2 * n**3 / min(timer.timeit(1).times[0] for _ in range(10)) / 1e12)
     finally:
         torch.set_num_threads(threads)
-    assert abs(max(ours) - max(theirs)) / max(theirs) < 0.10, (ours, theirs)
+    ours_median, theirs_median = statistics.median(ours), statistics.median(theirs)
+    assert abs(ours_median - theirs_median) / theirs_median < 0.10, (ours, theirs)
 
 
 def _rows(mfu: float | None) -> pd.DataFrame:
