@@ -20,7 +20,9 @@ class Partial(NamedTuple):
 
     o: torch.Tensor  # [..., H, Q, d] float32
     l: torch.Tensor  # noqa: E741 - the usual name. [..., H, Q, 1]
-    m: torch.Tensor  # [..., H, Q, 1], detached: a constant shift carries no gradient
+    # [..., H, Q, 1]: the reference's detached (a constant shift carries no gradient); a fused
+    # kernel's is its log-sum-exp, with its gradient (models/pairformer/kernels.py)
+    m: torch.Tensor
 
 
 def triangle_out(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
