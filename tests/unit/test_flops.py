@@ -124,24 +124,24 @@ def test_efficiency_divides_by_ranks_walltime_and_peak():
 
 def test_the_cpu_gemm_rate_agrees_with_torch_utils_benchmark():
     """The measured CPU peak within 10% of torch.utils.benchmark's for the same GEMM on the same thread
-    (one, as each of two ranks gets on this machine): each side's fastest product, ten times, the two
-    alternating so that both sample the same load (the suite's other workers share these cores: two
-    medians timed a second apart once differed by 2x), and the medians of those ten compared. The
-    largest of ten was one outlier's: it differed by 23 % under load."""
+    (one, as each of two ranks gets on this machine). The suite's other workers share these cores, so
+    the load moves within a second (two medians timed a second apart once differed by 2x; the medians
+    of ten alternating samples once by 17 %, in CI): each round times both sides back to back, each
+    its fastest of ten products, and the median of the rounds' ratios is compared."""
     n, threads = peaks.CPU_GEMM_N, torch.get_num_threads()
     a, b, out = torch.randn(n, n), torch.randn(n, n), torch.empty(n, n)
     timer = benchmark.Timer("torch.mm(a, b, out=out)", globals=dict(torch=torch, a=a, b=b, out=out),
                             num_threads=1)  # fmt: skip
     torch.set_num_threads(1)
     try:
-        ours, theirs = [], []
-        for _ in range(10):
-            ours.append(peaks.measure_gemm(n, torch.float32).tflops)
-            theirs.append(2 * n**3 / min(timer.timeit(1).times[0] for _ in range(10)) / 1e12)
+        ratios = []
+        for _ in range(15):
+            ours = peaks.measure_gemm(n, torch.float32).tflops
+            theirs = 2 * n**3 / min(timer.timeit(1).times[0] for _ in range(10)) / 1e12
+            ratios.append(ours / theirs)
     finally:
         torch.set_num_threads(threads)
-    ours_median, theirs_median = statistics.median(ours), statistics.median(theirs)
-    assert abs(ours_median - theirs_median) / theirs_median < 0.10, (ours, theirs)
+    assert abs(statistics.median(ratios) - 1) < 0.10, ratios
 
 
 def _rows(mfu: float | None) -> pd.DataFrame:
