@@ -162,8 +162,10 @@ class PairformerWorkload:
         return PairformerModel(cfg, layout)
 
     def check_device(self, device_type: str) -> None:
-        """Refuse kernels its ranks' device cannot run (cueq off CUDA, or not installed), in one line."""
-        why = kernels.cueq_refusal(device_type) if self.knobs["kernels"] == "cueq" else None
+        """Refuse kernels its ranks' device or its model cannot run (cueq off CUDA, not installed, or a
+        triangle multiplication of a width it does not take), in one line."""
+        hidden = self.knobs["tri_mul_hidden"]
+        why = kernels.cueq_refusal(device_type, hidden) if self.knobs["kernels"] == "cueq" else None
         if why is not None:
             raise ConfigError(why)
 

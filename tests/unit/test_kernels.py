@@ -7,10 +7,13 @@ reference end to end at cp=1, 1d and 2d: tests/e2e/test_fold_cp.py and test_fold
 from __future__ import annotations
 
 import importlib.util
+import sys
+import types
 
 import pandas as pd
 import pytest
 import torch
+import torch.nn.functional as F
 from support.tiny_fold import TINY
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils.flop_counter import FlopCounterMode
@@ -18,6 +21,8 @@ from torch.utils.flop_counter import FlopCounterMode
 from cpbench.core import Shape, Topology
 from cpbench.measure import flops
 from cpbench.models.pairformer import kernels, ops
+from cpbench.models.pairformer.layout import PairLayout
+from cpbench.models.pairformer.modules import TriangleAttention, TriangleMultiplication
 from cpbench.probe.trace import fake_rank
 from cpbench.report.analysis import like_for_like
 from cpbench.workloads.fold import FoldWorkload
@@ -162,9 +167,9 @@ def test_a_trace_for_cuda_ranks_runs_the_cuda_kernel_and_counts_the_same():
 
 def test_cueq_is_refused_where_it_cannot_run_saying_why():
     on_cpu = "kernels=cueq runs NVIDIA's CUDA kernels only; this run's ranks are on cpu"
-    assert kernels.cueq_refusal("cpu") == on_cpu
+    assert kernels.cueq_refusal("cpu", 128) == on_cpu
     if importlib.util.find_spec(kernels.CUEQ_PACKAGE) is None:
-        why = kernels.cueq_refusal("cuda")
+        why = kernels.cueq_refusal("cuda", 128)
         assert why.startswith("kernels=cueq needs the cuequivariance_torch package, not installed here")
         assert "pip install 'cpbench[cueq-cu12]'" in why
 
@@ -219,3 +224,93 @@ def test_the_fused_model_in_bfloat16_is_the_references_within_a_percent():
     torch.testing.assert_close(x_s, x_r, rtol=1e-2, atol=1e-2 * x_r.abs().max().item())
     for i, (g_s, g_r) in enumerate(zip(grads_s, grads_r, strict=True)):
         torch.testing.assert_close(g_s, g_r, rtol=1e-2, atol=1e-2, msg=lambda m, i=i: f"parameter {i}: {m}")
+
+
+class _Cueq:
+    """cuequivariance_torch 0.13's two triangle kernels, by their signatures and documented math
+    (primitives/triangle.py), on CPU: the kernels themselves run on CUDA alone, so here cpbench's
+    calls are checked by construction (shapes, the weights' order, the mask), not for speed."""
+
+    def __init__(self):
+        self.calls = []
+
+    def triangle_attention(self, q, k, v, bias, mask=None, scale=None, return_aux=False, *, kv_lengths=None):
+        self.calls.append("triangle_attention")
+        assert q.dim() == 5 and bias.shape == (q.shape[0], 1, *q.shape[2:4], k.shape[3]), bias.shape
+        logits = torch.einsum("bnhqd,bnhkd->bnhqk", q * (scale or q.shape[-1] ** -0.5), k) + bias.float()
+        lse = logits.logsumexp(-1, keepdim=True)
+        out = torch.einsum("bnhqk,bnhkd->bnhqd", (logits - lse).exp().to(v.dtype), v)
+        return (out, lse, logits.amax(-1, keepdim=True)) if return_aux else out
+
+    def triangle_multiplicative_update(self, x, direction="outgoing", mask=None, norm_in_weight=None,
+                                       norm_in_bias=None, p_in_weight=None, p_in_bias=None, g_in_weight=None,
+                                       g_in_bias=None, norm_out_weight=None, norm_out_bias=None,
+                                       p_out_weight=None, p_out_bias=None, g_out_weight=None,
+                                       g_out_bias=None, eps=1e-5, precision=None):  # fmt: skip
+        self.calls.append("triangle_multiplicative_update")
+        assert x.dim() == 4 and mask.shape == x.shape[:3] and p_in_weight.shape[1] == x.shape[-1]
+        x_in = F.layer_norm(x, x.shape[-1:], norm_in_weight, norm_in_bias, eps)
+        gated = F.linear(x_in, p_in_weight) * torch.sigmoid(F.linear(x_in, g_in_weight))
+        a, b = (gated * mask[..., None]).chunk(2, -1)
+        equation = "bikd,bjkd->bijd" if direction == "outgoing" else "bkid,bkjd->bijd"
+        t = F.layer_norm(torch.einsum(equation, a, b), a.shape[-1:], norm_out_weight, norm_out_bias, eps)
+        return F.linear(t, p_out_weight) * torch.sigmoid(F.linear(x_in, g_out_weight))
+
+
+@pytest.fixture
+def cueq(monkeypatch):
+    """The stand-in installed where cpbench imports the package from."""
+    stand_in, module = _Cueq(), types.ModuleType("cuequivariance_torch.primitives.triangle")
+    module.triangle_attention = stand_in.triangle_attention
+    module.triangle_multiplicative_update = stand_in.triangle_multiplicative_update
+    for name in ("cuequivariance_torch", "cuequivariance_torch.primitives"):
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    return stand_in
+
+
+@pytest.mark.parametrize("outgoing", [True, False], ids=["outgoing", "incoming"])
+def test_cueq_runs_the_triangle_layers_as_the_reference_does_at_one_rank(cueq, outgoing):
+    """At cp=1 `cueq` hands the whole triangle multiplication to its one kernel (weights stacked a over
+    b, the pair mask on the projections), and triangle attention to its attention kernel with the
+    rows as its N and the bias shared by them: output and every gradient the reference's, in training
+    (forward) and in inference (the in-place update). A trace runs neither (nothing to import)."""
+    torch.manual_seed(0)
+    n, c_z, layout = 6, 8, PairLayout()
+    z, mask = torch.randn(n, n, c_z, dtype=torch.float64), torch.ones(n, dtype=torch.float64)
+    mask[-1] = 0  # a padded token: the multiplication masks it as the reference does
+    ops_ = TriangleMultiplication(c_z, 4, outgoing), TriangleAttention(c_z, 2, 4, outgoing)
+    for op in (op_.double() for op_ in ops_):
+        answers = {}
+        for name in ("reference", "cueq"):
+            op.kernels, z.grad = name, None
+            op.zero_grad()
+            out = op(z.requires_grad_(), mask, layout)
+            weights = torch.linspace(-1, 1, out.numel(), dtype=out.dtype).view_as(out)
+            (out * weights * mask[:, None, None] * mask[None, :, None]).sum().backward()  # valid pairs
+            with torch.no_grad():
+                in_place = op.update_(z.detach().clone(), mask, layout)
+            grads = [z.grad, *(p.grad for p in op.parameters())]
+            answers[name] = (out.detach(), in_place, grads)
+        valid = (slice(None, -1), slice(None, -1))  # attention's padded rows differ (kernels.py): unread
+        (out, in_place, grads), (ref_out, ref_in_place, ref_grads) = answers["cueq"], answers["reference"]
+        torch.testing.assert_close(out[valid], ref_out[valid])
+        torch.testing.assert_close(in_place[valid], ref_in_place[valid])
+        for got, want in zip(grads, ref_grads, strict=True):
+            torch.testing.assert_close(got, want)
+    assert set(cueq.calls) == {"triangle_attention", "triangle_multiplicative_update"}
+    cueq.calls.clear()
+    with kernels.for_device("cuda"), FakeTensorMode():
+        op = TriangleMultiplication(c_z, 4, outgoing)
+        op.kernels = "cueq"
+        op(torch.empty(n, n, c_z), torch.ones(n), layout)
+    assert cueq.calls == []
+
+
+def test_cueq_refuses_a_triangle_multiplication_width_its_kernel_does_not_take(monkeypatch):
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: object())  # the package "installed"
+    assert kernels.cueq_refusal("cuda", 128) is None
+    assert kernels.cueq_refusal("cuda", 48) == (
+        "kernels=cueq: cuEquivariance's triangle multiplication takes hidden widths in multiples of 32, "
+        "not workload.tri_mul_hidden=48"
+    )

@@ -6,12 +6,15 @@ through `attend` or `attend_partial` here.
 - `sdpa`: torch's fused scaled-dot-product kernel, which never writes the logits: the CPU flash op
   on CPU, the memory-efficient (cutlass) op on CUDA, both taking the bias as an additive mask and
   returning the log-sum-exp, so that CP partials merge as the reference's do (ops.merge).
-- `cueq`: NVIDIA cuEquivariance's triangle attention kernel for triangle attention (CUDA only, the
-  `cuequivariance_torch` package), `sdpa` for the other attentions. Its triangle multiplication is
-  not used: `triangle_multiplicative_update` fuses the whole layer (norms, projections, gate), which
-  a CP rank cannot run on its slab of the sum over k; the product stays a plain matmul ring, as
-  Fold-CP's. A fake-tensor trace (the estimate, the time model) runs the device's sdpa op in its
-  place: the same output and log-sum-exp allocated, the same FLOPs counted.
+- `cueq`: NVIDIA cuEquivariance (CUDA only, the `cuequivariance_torch` package). Its triangle
+  attention kernel runs triangle attention, once per ring step under CP (the blocks merge by their
+  log-sum-exp, as Fold-CP's do); `sdpa` runs the other attentions. Its triangle multiplication
+  (`triangle_multiplicative_update`) fuses the whole layer, norms, projections, product and gates,
+  so it runs where one rank holds the whole sum over k: at cp=1 alone. Under CP the layer is
+  cpbench's own (the product a matmul ring, as Fold-CP's). A fake-tensor trace (the estimate, the
+  time model) runs stand-ins: the device's sdpa op for the attention (the same output and
+  log-sum-exp allocated, the same FLOPs counted) and the unfused layer for the multiplication (its
+  intermediates too: an upper bound on what the kernel holds).
 
 Neither fused forward gives the bias a gradient that fits (the CPU op gives none; CUDA's backward
 allocates it at the bias's broadcast size, the logits' size again for a triangle bias shared by
@@ -44,6 +47,7 @@ CUEQ_INSTALL = "pip install 'cpbench[cueq-cu12]' (or cueq-cu13: the CUDA major v
 # 16 elements (128 bits of float32 is 4, of bfloat16 8; 16 serves both).
 BIAS_ALIGNMENT = 16
 GRID_Z = 65535  # CUDA's largest grid along y and z
+CUEQ_HIDDEN_MULTIPLE = 32  # triangle_multiplicative_update's limitation (its docstring, 0.13)
 _target: str | None = None  # the device a trace is for (`for_device`); None: the tensors' own
 
 
@@ -53,12 +57,15 @@ def check_kernels(value: object) -> None:
         raise ValueError(f"kernels={value!r}: allowed values are {', '.join(KERNELS)}")
 
 
-def cueq_refusal(device_type: str) -> str | None:
-    """Why `cueq` cannot run on this device type here, in one line (None: it can)."""
+def cueq_refusal(device_type: str, tri_mul_hidden: int) -> str | None:
+    """Why `cueq` cannot run on this device type here, or on this model, in one line (None: it can)."""
     if device_type != "cuda":
         return f"kernels=cueq runs NVIDIA's CUDA kernels only; this run's ranks are on {device_type}"
     if importlib.util.find_spec(CUEQ_PACKAGE) is None:
         return f"kernels=cueq needs the {CUEQ_PACKAGE} package, not installed here: {CUEQ_INSTALL}"
+    if tri_mul_hidden % CUEQ_HIDDEN_MULTIPLE:
+        return (f"kernels=cueq: cuEquivariance's triangle multiplication takes hidden widths in multiples of "
+                f"{CUEQ_HIDDEN_MULTIPLE}, not workload.tri_mul_hidden={tri_mul_hidden}")  # fmt: skip
     return None
 
 
@@ -109,6 +116,29 @@ def attend_partial(kernels: str, q, k, v, bias, mask_bias, triangle: bool = Fals
     if kernels == "reference":
         return ops.attention_partial(q, k, v, bias, mask_bias)
     return _fused(kernels, q, k, v, bias, mask_bias, triangle)
+
+
+def fuses_triangle_multiplication(kernels: str, single_rank: bool) -> bool:
+    """Whether a triangle multiplication runs as cuEquivariance's one kernel: `cueq` on one rank
+    (under CP no rank holds the sum over k), in a real step (a trace runs the unfused layer)."""
+    return kernels == "cueq" and single_rank and _target is None
+
+
+def triangle_multiplication(op: torch.nn.Module, z: torch.Tensor, pair_mask: torch.Tensor) -> torch.Tensor:
+    """`op`'s update of z [N, N, c_z] (a TriangleMultiplication), by cuEquivariance's fused layer: its
+    two input projections and gates stacked a over b (its p_in and g_in, [2 hidden, c_z]: a is the
+    first half, as in `op._ab`), the pair mask applied to them, and gate * out(norm_out(t))."""
+    from cuequivariance_torch.primitives.triangle import triangle_multiplicative_update
+
+    update = triangle_multiplicative_update(
+        z[None], "outgoing" if op.outgoing else "incoming", mask=pair_mask[None].to(z.dtype),
+        norm_in_weight=op.norm_in.weight, norm_in_bias=op.norm_in.bias,
+        p_in_weight=torch.cat([op.a_proj.weight, op.b_proj.weight]),
+        g_in_weight=torch.cat([op.a_gate.weight, op.b_gate.weight]),
+        norm_out_weight=op.norm_out.weight, norm_out_bias=op.norm_out.bias,
+        p_out_weight=op.out.weight, g_out_weight=op.gate.weight, eps=op.norm_in.eps,
+    )  # fmt: skip
+    return update[0]
 
 
 def _fused(kernels: str, q, k, v, bias, mask_bias, triangle: bool) -> ops.Partial:

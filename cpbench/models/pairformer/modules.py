@@ -50,6 +50,7 @@ class TriangleMultiplication(nn.Module):
     """Algorithms 12 (outgoing, t_ij = sum_k a_ik b_jk) and 13 (incoming, t_ij = sum_k a_ki b_kj)."""
 
     LOCAL_METHODS = ("_ab", "_gate", "_post")
+    kernels = "reference"  # `cueq` runs the layer as one kernel at cp=1 (kernels.triangle_multiplication)
 
     def __init__(self, c_z: int, c_hidden: int, outgoing: bool, chunk_size: int | str | None = None):
         super().__init__()
@@ -85,6 +86,8 @@ class TriangleMultiplication(nn.Module):
         return t.transpose(0, 1)
 
     def forward(self, z: torch.Tensor, mask: torch.Tensor, layout: PairLayout) -> torch.Tensor:
+        if kernels.fuses_triangle_multiplication(self.kernels, layout.single):
+            return kernels.triangle_multiplication(self, z, layout.pair_mask(mask))
         n = mask.shape[0]
         x = self.norm_in(z)
         a, b = self._ab(x, layout.pair_mask(mask)[..., None].to(z.dtype))
@@ -94,6 +97,9 @@ class TriangleMultiplication(nn.Module):
         """z plus this op's update, written over z chunk by chunk of rows (inference): a and b are
         built chunk by chunk into channel-major buffers (the product reads them as they lie, with no
         copy), then each chunk's output gate is recomputed from its rows of z, not kept whole."""
+        if kernels.fuses_triangle_multiplication(self.kernels, layout.single):
+            z += kernels.triangle_multiplication(self, z, layout.pair_mask(mask))
+            return z
         n, (h, w, c_z) = mask.shape[0], z.shape
         pair_mask = layout.pair_mask(mask)[..., None].to(_compute_dtype(z))  # float32 would promote a, b
         hidden = self.out.in_features
