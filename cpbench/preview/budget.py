@@ -57,6 +57,8 @@ class PilotStep:
     # The part of the peak over the baseline that does not grow with N (workspaces, weights, fixed-size
     # activations), where measured points tell it apart (`fixed_part`); 0: unknown, all of it grows.
     fixed_gib: float = 0.0
+    # A step's seconds fitted to the steps of two or more N (before the probe); None: scaled by N^2.
+    growth: StepGrowth | None = None
 
 
 @dataclass(frozen=True)
@@ -99,7 +101,52 @@ def duration(seconds: float) -> str:
 
 
 def step_seconds(step: PilotStep, n: int) -> float:
-    return step.seconds * (n / step.n) ** 2
+    return step.growth.seconds(n) if step.growth else step.seconds * (n / step.n) ** 2
+
+
+@dataclass(frozen=True)
+class StepGrowth:
+    """A step's seconds in N as a + b N^2 + c N^3, no term negative: what does not grow, the pair
+    representation's ops, the triangle updates'. The plan's N^2 leaves the cubic term out; fold_small's
+    steps under a 0.5 GiB cap grew as N^2.9 from N=512 to 1,026 (27 s to 192 s). Fitted to the steps
+    measured so far, it prices the probe's next step, which stops the probe short of overrunning."""
+
+    a: float
+    b: float
+    c: float
+
+    @classmethod
+    def fit(cls, steps: list[tuple[int, float]]) -> StepGrowth | None:
+        """The least squared error in seconds over the terms' subsets (an N's slowest step counts), so
+        that the largest steps, the nearest to the next, weigh the most (by relative error, milliseconds
+        of noise at small N priced a step after 4 s at 1.8 s, where it took 32); with two N several
+        subsets fit exactly, and the one that prices a step at twice the largest N highest is taken.
+        From one N alone the step is all cubic, the steepest growth the model allows. None: no step
+        measured."""
+        slowest: dict[int, float] = {}
+        for n, seconds in steps:
+            slowest[n] = max(seconds, slowest.get(n, 0.0))
+        if not slowest:
+            return None
+        if len(slowest) == 1:
+            [(n, seconds)] = slowest.items()
+            return cls(0.0, 0.0, seconds / n**3)
+        n, seconds = (np.array(v, dtype=float) for v in zip(*slowest.items(), strict=True))
+        terms = np.stack([np.ones_like(n), n**2, n**3], axis=1)
+        fits = []
+        for subset in ([0], [1], [2], [0, 1], [0, 2], [1, 2], [0, 1, 2]):
+            coefficients, *_ = np.linalg.lstsq(terms[:, subset], seconds, rcond=None)
+            if (coefficients < 0).any():
+                continue
+            full = np.zeros(3)
+            full[subset] = coefficients
+            growth = cls(*(float(v) for v in full))
+            error = float(np.sum((terms @ full - seconds) ** 2))
+            fits.append((round(error, 9), -growth.seconds(2 * int(n.max())), growth))
+        return min(fits, key=lambda fit: fit[:2])[2]
+
+    def seconds(self, n: int) -> float:
+        return self.a + self.b * n**2 + self.c * n**3
 
 
 def _peak_gib(step: PilotStep, n: int) -> float | None:

@@ -5,6 +5,7 @@ returns the trimmed plan; the run's settings stay as they were given."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from cpbench.core import Shape
@@ -13,6 +14,7 @@ from cpbench.preview.budget import (
     BudgetVerdict,
     PilotStep,
     PlannedWork,
+    StepGrowth,
     budget_minutes,
     duration,
     estimate,
@@ -21,6 +23,7 @@ from cpbench.preview.budget import (
 )
 from cpbench.preview.changes import budget_rows
 from cpbench.probe.predict import Prediction
+from cpbench.probe.search import Trial
 from cpbench.rank.points import Measurer
 from cpbench.rank.probe import pilot_probe_step, probe_seeds, probe_step_to_time, search_for
 from cpbench.rank.session import RankSession
@@ -41,6 +44,18 @@ class BudgetClock:
 
 
 @dataclass(frozen=True)
+class Deadline:
+    """When the run's time budget ends (Unix time, from the run's first plan: a restart keeps it), on
+    rank 0's clock: the phases that must not overrun it decide there and broadcast."""
+
+    at: float
+    minutes: float
+
+    def left_s(self) -> float:
+        return self.at - time.time()
+
+
+@dataclass(frozen=True)
 class TrimmedPlan:
     """The plan the budget leaves: the points, how each is measured, the probe's settings."""
 
@@ -49,6 +64,7 @@ class TrimmedPlan:
     probe: ProbeConfig
     warmed: Shape | None  # the point whose first two warm-up steps ran (the budget's timed step)
     clock: BudgetClock | None  # None: no budget, or no estimate
+    deadline: Deadline | None = None  # None: no budget
 
 
 def fit_work(
@@ -65,16 +81,21 @@ def fit_work(
     probe, budget = s.settings.probe, s.settings.budget
     search = search_for(s, probe, prediction) if probe.enabled else None
     largest = max(todo, key=lambda shape: shape.n_tokens) if todo else None
-    as_set = TrimmedPlan(todo, settings, probe, None, None)
     minutes = _minutes(s)
-    timed, in_flight = largest, False
-    if timed is None and search is not None and minutes is not None:
-        timed, in_flight = probe_step_to_time(s, search)
-    if minutes is None or timed is None:
-        return as_set
+    if minutes is None:
+        return TrimmedPlan(todo, settings, probe, None, None)
     began = _first_planned_at(s) if restart else None
+    planned_at = time.time()  # when, on the run's clock
+    # With no estimate (no step to time, or it did not fit) the plan runs as set, bounded by the deadline.
+    deadline = Deadline((began or planned_at) + minutes * 60, minutes)
+    as_set = TrimmedPlan(todo, settings, probe, None, None, deadline)
+    timed, in_flight = largest, False
+    if timed is None and search is not None:
+        timed, in_flight = probe_step_to_time(s, search)
+    if timed is None:
+        return as_set
     s.heartbeat.now(f"budget: timing one step at N={timed.n_tokens}")
-    planned_at, timer = time.time(), time.perf_counter()  # when (the run's clock), and how long (monotonic)
+    timer = time.perf_counter()  # how long (monotonic)
     if todo:  # the largest point's FLOP count, which it needs anyway (once per shape): each point pays one
         measurer.model.count(timed)
     count_s = s.broadcast(time.perf_counter() - timer)
@@ -88,8 +109,8 @@ def fit_work(
         result = measurer.model.step(timed, one_step)
     took = s.broadcast(time.perf_counter() - timer)  # rank 0's, on every rank
     if result.status != "ok":
-        LOG.warning("budget: the timed step at N=%d did not fit: no estimate, the plan runs as set",
-                    timed.n_tokens)  # fmt: skip
+        LOG.warning("budget: the timed step at N=%d did not fit: no estimate, the plan runs as set until "
+                    "the budget is spent", timed.n_tokens)  # fmt: skip
         return as_set
     clock = BudgetClock(
         planned_at if began is None else began, max(0.0, took - 2 * result.walltime_ms / 1e3), count_s
@@ -119,7 +140,36 @@ def fit_work(
     points = list(trimmed.points)
     # Shapes compare by value: every rank reaches the same answer from rank 0's broadcast verdict.
     warmed = timed if timed in points else None
-    return TrimmedPlan(points, settings.with_steps(repeats=trimmed.repeats), probe, warmed, clock)
+    steps = settings.with_steps(repeats=trimmed.repeats)
+    return TrimmedPlan(points, steps, probe, warmed, clock, deadline)
+
+
+def budget_spent(session: RankSession, deadline: Deadline | None) -> bool:
+    """Whether the time budget is spent (rank 0's clock, on every rank); never with no budget."""
+    return deadline is not None and session.broadcast(deadline.left_s() <= 0 if session.lead else None)
+
+
+def probe_step_over(
+    session: RankSession, deadline: Deadline | None, warmup: int
+) -> Callable[[int, list[Trial]], str | None]:
+    """What the probe asks before each step: why its step at N, with its `warmup` steps, would end past
+    the budget, priced by the growth of the steps measured so far (`StepGrowth`: the walltime points'
+    median steps and the probe's steps that fit); None: it fits in what is left, or there is no budget.
+    Rank 0 decides, for every rank."""
+
+    def over(n: int, trials: list[Trial]) -> str | None:
+        if deadline is None:
+            return None
+        why = None
+        if session.lead:
+            growth = StepGrowth.fit([(t.n, t.seconds) for t in trials if t.fits and t.seconds])
+            cost, left = (1 + warmup) * (growth.seconds(n) if growth else 0.0), deadline.left_s()
+            if cost > left:
+                why = (f"N={n:,}'s step would take ~{duration(cost)}, past the {deadline.minutes:g}-minute "
+                       f"budget ({duration(max(left, 0.0))} left)")  # fmt: skip
+        return session.broadcast(why)
+
+    return over
 
 
 def _fixed_from_pilots(
@@ -220,8 +270,11 @@ def fit_probe(
     seeds = probe_seeds(s, [])  # the points measured, all of them
     peaks = [(t.n, t.peak_gib - baseline) for t in seeds if t.fits and t.peak_gib]
     seconds, fixed = result.walltime_ms / 1e3, fixed_part(peaks)
+    # Two N or more: the steps' own growth prices the probe's (the N^2 of one step misses the cubic term)
+    steps = [(t.n, t.seconds) for t in seeds if t.fits and t.seconds]
+    growth = StepGrowth.fit(steps) if len({n for n, _ in steps}) > 1 else None
     step = PilotStep(
-        shape.n_tokens, seconds, result.peak_mem_gib, baseline, clock.overhead_s, clock.count_s, fixed
+        shape.n_tokens, seconds, result.peak_mem_gib, baseline, clock.overhead_s, clock.count_s, fixed, growth
     )
     search = search_for(s, work.probe, prediction)
     trial = PlannedWork((), ps.warmup, ps.repeats, search, work.probe.measure_at_max, tuple(seeds))
@@ -229,10 +282,13 @@ def fit_probe(
     probe = verdict.work.probe.config
     if not s.lead:
         return probe
+    fitted_at = ", ".join(str(n) for n in sorted({n for n, _ in steps}))
+    priced = (f"a + b N^2 + c N^3 fitted to the steps at N={fitted_at}" if growth
+              else f"x (N/{step.n})^2 from N={step.n}: {step.seconds:.2g} s a step")  # fmt: skip
     line = (
         f"before the probe: ~{verdict.probe_steps} step(s) and its measurement at the largest fit "
-        f"= ~{duration(verdict.seconds)} (x (N/{step.n})^2 from N={step.n}: {step.seconds:.2g} s a "
-        f"step{f'; {step.fixed_gib * 1024:.0f} MiB of its peak fixed' if step.fixed_gib else ''}), "
+        f"= ~{duration(verdict.seconds)} ({priced}"
+        f"{f'; {step.fixed_gib * 1024:.0f} MiB of its peak fixed' if step.fixed_gib else ''}), "
         f"{duration(max(left, 0.0))} of the budget left"
     )
     LOG.info("budget: %s", line)

@@ -22,7 +22,7 @@ from cpbench.measure.oom import KernelFault
 from cpbench.measure.point import OutOfMemoryAlone
 from cpbench.models.pairformer import chunking
 from cpbench.probe.trace import TraceSpec
-from cpbench.rank.budget import fit_probe, fit_work
+from cpbench.rank.budget import budget_spent, fit_probe, fit_work, probe_step_over
 from cpbench.rank.convergence import converge
 from cpbench.rank.points import Measurer, measure_points
 from cpbench.rank.probe import run_probe_phase
@@ -114,10 +114,14 @@ def _run(session: RankSession, spec: RunSpec, baseline: RunFolder | None) -> Non
     work = fit_work(measurer, todo, point_settings, spec.prediction, spec.restart)
     if work is None:  # the time budget refused it: nothing runs
         return
-    points = measure_points(measurer, work.points, work.point_settings, spec.prediction, work.warmed, done)
+    # With no estimate the points run as set until the budget is spent; the probe stops short of it always.
+    bound = work.deadline if work.clock is None else None
+    points = measure_points(measurer, work.points, work.point_settings, spec.prediction, work.warmed, done,
+                            spent=lambda: budget_spent(session, bound))  # fmt: skip
     if settings.probe.enabled:
         probe = fit_probe(measurer, work, spec.prediction, points.largest)
-        run_probe_phase(measurer, probe, work.point_settings, spec, points.done)
+        over = probe_step_over(session, work.deadline, probe.warmup)
+        run_probe_phase(measurer, probe, work.point_settings, spec, points.done, over)
     lift_cap(session.ctx.device)  # the cap is for the measured steps: the report is not one of them
     if session.lead:
         # When it ended, so that a merge can tell runs that overlapped on one host.

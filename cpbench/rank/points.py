@@ -3,6 +3,7 @@ identity and rank 0's recorder."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -69,10 +70,11 @@ class PointsMeasured:
 
 def measure_points(
     measurer: Measurer, todo: list[Shape], settings: PointSettings, prediction: Prediction | None,
-    warmed: Shape | None, done: frozenset[str],
+    warmed: Shape | None, done: frozenset[str], spent: Callable[[], bool] = lambda: False,
 ) -> PointsMeasured:  # fmt: skip
     """The walltime points phase, with a progress bar on rank 0; `warmed`: the point whose first two
-    warm-up steps ran (the budget's timed step); `done`: the keys measured before it."""
+    warm-up steps ran (the budget's timed step); `done`: the keys measured before it; `spent`: asked
+    before each point (after the first), true once the time budget is spent: the rest are not measured."""
     s = measurer.session
     LOG.info(
         "%s %s on %s cp=%d: %d point(s) to measure -> %s", s.workload_name, s.settings.workflow.value,
@@ -83,7 +85,12 @@ def measure_points(
     largest = None
     with Progress(*columns, console=CONSOLE, disable=not shown, transient=True) as bar:
         task = bar.add_task("points", total=len(todo))
-        for shape in todo:
+        for i, shape in enumerate(todo):
+            if i and spent():
+                LOG.warning("budget: spent before N=%d: %d point(s) not measured", shape.n_tokens,
+                            len(todo) - i)  # fmt: skip
+                todo = todo[:i]
+                break
             result = measurer.measure(shape, settings, prediction, warmed=shape == warmed)
             if result.status == "ok" and (largest is None or shape.n_tokens >= largest[0].n_tokens):
                 largest = (shape, result)

@@ -6,6 +6,7 @@ moves with it (docs/probe.md)."""
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 
 import pandas as pd
 
@@ -57,7 +58,7 @@ def probe_step_to_time(session: RankSession, search: SearchConfig) -> tuple[Shap
         return probe_shape(session, best.n), False
     if session.lead:
         LOG.info("budget: no step to time (the probe's start, or every N it tried, does not fit): no "
-                 "estimate, the plan runs as set")  # fmt: skip
+                 "estimate, the plan runs as set until the budget is spent")  # fmt: skip
     return None, False
 
 
@@ -92,11 +93,13 @@ def probe_seeds(session: RankSession, todo: list[Shape]) -> tuple[Trial, ...]:
 
 
 def run_probe_phase(
-    measurer: Measurer, probe: ProbeConfig, settings: PointSettings, spec: RunSpec, done: frozenset[str]
+    measurer: Measurer, probe: ProbeConfig, settings: PointSettings, spec: RunSpec, done: frozenset[str],
+    step_over: Callable[[int, list[Trial]], str | None] = lambda n, trials: None,
 ) -> None:  # fmt: skip
     """The probe with `probe`'s settings (the budget may have made its granularity coarser); `settings`
     are how the full measurement at its answer is taken, unless `done` (the row keys measured) has it.
-    `spec` gives the estimate made before launch and the launcher's restarts."""
+    `spec` gives the estimate made before launch and the launcher's restarts; `step_over`, asked before
+    each step, why it would overrun the time budget: the probe stops there, its largest fit a bound."""
     s, prediction = measurer.session, spec.prediction
     state = ProbeState(s.folder, s.config_hash) if s.lead else None
     if state is not None and (n := state.resume_in_flight(spec.max_restarts)) is not None:
@@ -143,10 +146,18 @@ def run_probe_phase(
     def predicted_at(n: int) -> float | None:
         return predicted_gib(estimate, n, s)
 
+    def stop_before(n: int) -> str | None:
+        return step_over(n, trials)
+
     while True:
-        best, fail = run_probe(search, state, trials, shape_at, step_at, predicted_at, warm_at)
+        steps_to = (shape_at, step_at, predicted_at, warm_at, stop_before)
+        best, fail, stopped = run_probe(search, state, trials, *steps_to)
+        if best is None and fail is None:  # stopped before its first step: no N known either way
+            return
         shape = shape_at(best.n if best else fail.n)
-        if not (best and probe.measure_at_max):
+        if stopped and best and probe.measure_at_max:
+            LOG.warning("probe: no full measurement at N=%d: the time budget is spent", best.n)
+        if not (best and probe.measure_at_max) or stopped:
             break
         measured = shape_key("point", shape) in done
         result = None if measured else measurer.measure(shape, settings, estimate)
@@ -160,7 +171,7 @@ def run_probe_phase(
             state.finish(trial)
     if shape_key("max-fit", shape) not in done:
         row = measurer.row(shape, "max-fit", settings.timing.repeats, estimate)
-        measurer.recorder.max_fit(max_fit_row(row, best, fail))
+        measurer.recorder.max_fit(max_fit_row(row, best, fail, stopped))
 
 
 def _calibrated(
@@ -233,6 +244,8 @@ def point_trials(session: RankSession) -> list[Trial]:
         if probe_shape(session, n) == Shape(n, int(r.N_atoms), int(r.MSA_depth), samples):
             peak, least = (None if pd.isna(v) else float(v) for v in (r.peak_mem_gib, r.peak_mem_min_gib))
             failure = "" if pd.isna(f := getattr(r, "failure", "")) else f
+            step = getattr(r, "walltime_ms", None)  # its median step, which prices the probe's (the budget)
             trials[n] = Trial(n=n, fits=r.status == "ok", status=r.status, peak_gib=peak, peak_min_gib=least,
+                              seconds=None if step is None or pd.isna(step) else float(step) / 1e3,
                               point=True, failure=failure)  # fmt: skip
     return sorted(trials.values(), key=lambda t: t.n)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from support.processes import FAST, cpbench, ok, results, torchrun
+from support.processes import FAST, TIMING, cpbench, ok, results, torchrun
 
 from cpbench.launch.torchrun import SHARED_STORE
 
@@ -86,3 +86,59 @@ def test_torchruns_restart_goes_on_with_the_runs_budget(tmp_path):
     assert planned["line"].startswith("plan: 3 point(s) x (1 warm-up + 2 repeats)")
     [again] = planned["restarts"]
     assert again.startswith("restart 1, ") and "min of the budget left: plan: 2 point(s)" in again
+
+
+# A step that grows as N^3 on real tensors (the FLOP count's trace on fake tensors is left quick), beside
+# the plan's N^2: the probe's last ramp steps cost far more than the plan said.
+CUBIC_STEPS = """
+import time
+
+from torch._subclasses.fake_tensor import FakeTensor
+
+from adapters.fold_cp_style import build_batch, build_model
+from adapters.fold_cp_style import run_step as _run_step
+
+
+def run_step(model, batch, train):
+    if not isinstance(batch, FakeTensor):
+        time.sleep(0.2 * (batch.shape[1] / 64) ** 3)
+    return _run_step(model, batch, train)
+"""
+CUBIC = ["workload=adapter", "workload.module=cubic_steps", "workload.contract=native", *TIMING,
+         "topology.cp=2", "output_dir=out"]  # fmt: skip
+
+
+def test_a_probe_whose_next_step_would_overrun_the_budget_stops_and_gives_its_fit_as_a_bound(tmp_path):
+    """Steps of 0.2 s x (N/64)^3 under a cap the probe cannot reach by N=512: the plan prices them by
+    N^2 from the timed step (512's at 13 s: it fits the 0.5 minutes), but N=256 takes 13 s and 512
+    would take 102. The probe fits its steps' growth (a + b N^2 + c N^3), stops before 512 and says so;
+    the run ends within the budget plus 10 %, its max-fit row and readout giving 256 as a bound."""
+    (tmp_path / "cubic_steps.py").write_text(CUBIC_STEPS)
+    env = {"PYTHONPATH": str(tmp_path)}
+    probe = ["sweep.n_tokens=[32,64]", "probe.enabled=true", "probe.start=128", "probe.max_tokens=512",
+             "probe.measure_at_max=false", "budget.minutes=0.5"]  # fmt: skip
+    proc = ok(cpbench(*CUBIC, *probe, cwd=tmp_path, env=env))
+    out = tmp_path / "out"
+    said = [line for line in proc.stderr.splitlines() if "probe: stopped before N=512:" in line]
+    assert len(said) == 1 and "past the 0.5-minute budget" in said[0], proc.stderr
+    planned = json.loads((out / "run.json").read_text())["time_budget"]
+    assert planned["refusal"] is None and planned["took_s"] <= 1.1 * 30, planned
+    [row] = results(out).query("kind == 'max-fit'").itertuples()
+    assert (row.N_tokens, row.status) == (256, "ok")
+    assert row.error.startswith("max fit >= 256; the edge not reached: N=512's step would take ~")
+    assert "max fit >= 256; the edge not reached" in (out / "cp_benchmark.md").read_text()
+
+
+def test_with_no_estimate_the_points_stop_once_the_budget_is_spent(tmp_path):
+    """The plan's timed step (the largest point, N=2,048) does not fit the cap: no estimate, so the plan
+    runs as set, and once the budget (6 s) is spent the points left are not measured, saying so."""
+    (tmp_path / "cubic_steps.py").write_text(CUBIC_STEPS.replace("0.2 * (batch.shape[1] / 64) ** 3", "1.0"))
+    sweep = ["sweep.n_tokens=[16,32,48,64,80,2048]", "memory.cpu_budget_gib=0.05", "budget.minutes=0.1"]
+    proc = ok(cpbench(*CUBIC, *sweep, "probe.enabled=false", cwd=tmp_path, env={"PYTHONPATH": str(tmp_path)}))
+    assert "the timed step at N=2048 did not fit: no estimate" in proc.stderr
+    said = [line for line in proc.stderr.splitlines() if "budget: spent before N=" in line]
+    assert len(said) == 1, proc.stderr
+    measured = list(results(tmp_path / "out")["N_tokens"])
+    assert 0 < len(measured) < 5 and measured == [16, 32, 48, 64, 80][: len(measured)]
+    left = 6 - len(measured)
+    assert said[0].endswith(f"spent before N={16 * (len(measured) + 1)}: {left} point(s) not measured")

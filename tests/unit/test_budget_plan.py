@@ -14,6 +14,7 @@ from cpbench.measure.point import PointSettings
 from cpbench.preview.budget import (
     PilotStep,
     PlannedWork,
+    StepGrowth,
     estimate,
     fit_budget,
     fixed_part,
@@ -207,3 +208,18 @@ def test_bad_budget_settings_are_one_line_each():
         with pytest.raises(ConfigError) as err:
             validate(settings(bad))
         assert str(err.value) == says
+
+
+def test_a_steps_growth_is_fitted_from_the_steps_measured_with_no_negative_term():
+    """A quadratic and a cubic law are found from their own steps; milliseconds of noise at small N do
+    not hide the cubic growth of the largest steps; one N alone is priced all cubic (the steepest the
+    model allows); none measured, no price."""
+    quadratic = StepGrowth.fit([(64, 1.0), (128, 4.0), (256, 16.0)])
+    assert quadratic.seconds(512) == pytest.approx(64.0)
+    noisy = StepGrowth.fit([(16, 0.005), (32, 0.006), (64, 0.5), (128, 4.0)])
+    assert noisy.seconds(256) == pytest.approx(32.0, rel=0.01)
+    assert min(noisy.a, noisy.b, noisy.c) >= 0
+    # fold_small's steps under a 0.5 GiB cap (issue 67): 27 s at 512, 173 s at 972; 1,026 took 192 s
+    assert StepGrowth.fit([(512, 27.0), (972, 173.0)]).seconds(1026) == pytest.approx(192, rel=0.1)
+    assert StepGrowth.fit([(32, 0.1), (32, 0.2)]).seconds(64) == pytest.approx(1.6)
+    assert StepGrowth.fit([]) is None
