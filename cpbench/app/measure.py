@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import sys
+import time
 
 from cpbench.app.baseline import attach_baseline, refusal
 from cpbench.app.interrupt import signals_end_the_run
@@ -22,6 +23,7 @@ from cpbench.rank import RunSpec
 from cpbench.record import run_record
 from cpbench.report.single import write_report
 from cpbench.results.folder import RunFolder
+from cpbench.settings.cp1 import budget_left
 from cpbench.settings.identity import config_hash
 from cpbench.settings.schema import Mode
 
@@ -34,7 +36,9 @@ def measure(call: Invocation) -> int:
     if settings.probe.predict:
         spec.prediction = estimate_for(call)
     if launcher.leads and launcher.starts_runs:
+        began = time.monotonic()
         base = attach_baseline(folder, settings, call.baseline_root, tell)
+        spec.settings = budget_left(settings, time.monotonic() - began)  # one budget for the command
         if base is not None and (refused := refusal(base)):
             print(f"cpbench: the cp=1 baseline: {refused} (baseline=false runs without it)",
                   file=sys.stderr)  # fmt: skip

@@ -9,7 +9,8 @@ memory scaled the same way from the measured step's, then the full measurement a
 Over budget, only what a benchmark may trim is cut, in this order: repeats down to
 `budget.min_repeats`, sweep points (never the largest N, never the N of a point kept), the probe's
 granularity (doubled up to its start N). The job's shape (model, N, precision, CP size) is never
-changed: a plan that cannot fit without it is refused.
+changed: a plan whose points cannot fit without it is refused. A probe still over runs: it stops before
+the step that would overrun the budget, its largest fit then a bound.
 
 The budget depends on the device (`budget_minutes`): `budget.minutes` on CPU, `budget.cuda_minutes`
 (default none) on CUDA, where the job is GPU-sized and the N^2 extrapolation from one small step would
@@ -252,6 +253,12 @@ def fit_budget(work: PlannedWork, step: PilotStep, minutes: float | None, min_re
             cuts.append(f"probe.granularity {work.probe.config.granularity} -> {search.config.granularity}")
     seconds, probe_steps = estimate(trimmed, step)
     if seconds <= limit:
+        return BudgetVerdict(trimmed, seconds, probe_steps, tuple(cuts))
+    if trimmed.probe is not None and estimate(replace(trimmed, probe=None), step)[0] <= limit:
+        # The probe stops before a step that would overrun (rank/budget.py `probe_step_over`): what
+        # the points leave is its, and its largest fit then a bound.
+        cuts.append("probe: its estimate runs past the budget; it stops before the step that would "
+                    "overrun, and its largest fit is then a bound")  # fmt: skip
         return BudgetVerdict(trimmed, seconds, probe_steps, tuple(cuts))
     least = BudgetVerdict(trimmed, seconds, probe_steps).summary(minutes, step).removeprefix("plan: ")
     refusal = (

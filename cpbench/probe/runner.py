@@ -11,7 +11,7 @@ from cpbench.core import Shape, Topology
 from cpbench.measure.point import PointResult
 from cpbench.probe.search import SearchConfig, Trial, bounds, next_trial
 from cpbench.probe.state import ProbeState
-from cpbench.results.row import KERNEL, OOM, Measured, ResultRow
+from cpbench.results.row import KERNEL, LOWER_BOUND, OOM, Measured, ResultRow
 from cpbench.runtime.logs import LOG
 from cpbench.settings.schema import ProbeConfig
 
@@ -118,4 +118,4 @@ def _bound(best: Trial, fail: Trial | None, stopped: str) -> str:
     if not stopped:
         return ""
     gap = "the edge not reached" if fail is None else f"the gap to N={fail.n:,} not narrowed"
-    return f"max fit >= {best.n:,}; {gap}: {stopped}"
+    return f"{LOWER_BOUND}{best.n:,}; {gap}: {stopped}"

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from cpbench.results.row import BASELINE
+from cpbench.results.row import BASELINE, LOWER_BOUND
 
 if TYPE_CHECKING:
     from cpbench.record.run_record import RunMetadata
@@ -122,7 +122,7 @@ def max_fit(frame: pd.DataFrame) -> pd.DataFrame:
     kernel fault stopped (`kernel_fault_at`) and whether its run was oversubscribed. The cp=1 baseline
     is the same whatever the topology."""
     columns = ["topology", "cp", "grid", "max_n", "vs_cp1", "ideal", "note", "oom_at", "kernel_fault_at",
-               "oversubscribed"]  # fmt: skip
+               "oversubscribed", "bound"]  # fmt: skip
     fits = frame[(frame["kind"] == "max-fit") & (frame["status"] == "ok")]
     if fits.empty:
         return pd.DataFrame(columns=columns)
@@ -142,6 +142,8 @@ def max_fit(frame: pd.DataFrame) -> pd.DataFrame:
                 best["kernel_fault_at"].astype(float).to_numpy() if "kernel_fault_at" in best else math.nan
             ),
             "oversubscribed": oversubscribed_rows(best).to_numpy(),
+            # the probe stopped short of the edge (the time budget): max_n is a lower bound
+            "bound": [_fit_note(r).startswith(LOWER_BOUND) for r in best.itertuples()],
         }
     ).sort_values(["cp", "topology"], ignore_index=True)
 

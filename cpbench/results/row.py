@@ -190,6 +190,9 @@ def shape_key(kind: str, shape: Shape) -> str:
 
 
 BASELINE = "baseline"  # the `source` of a cp=1 baseline row
+# How a max-fit row's note opens where the probe stopped short of its edge (the time budget): its N is
+# a lower bound.
+LOWER_BOUND = "max fit >= "
 
 # The failure classes of the `failure` column (docs/failures.md; cpbench/measure/oom.py tells them
 # apart): out of memory (status oom: does not fit), a kernel fault (an illegal memory access or a

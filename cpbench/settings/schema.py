@@ -134,7 +134,7 @@ class BudgetConfig:
     """The time budget of a run (docs/budget.md): over it, only repeats, sweep points and the probe's
     granularity are trimmed; a plan that cannot fit without changing the job runs nothing."""
 
-    minutes: float | None = 8.0  # on CPU; null: no budget, the plan runs as set
+    minutes: float | None = 8.0  # on CPU, the whole command's: the cp=1 baseline plans for half; null: none
     # On CUDA devices instead of `minutes`: null (no budget), since a GPU-sized job is not refused or
     # trimmed by a default sized for the CPU preset (docs/budget.md).
     cuda_minutes: float | None = None

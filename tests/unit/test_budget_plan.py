@@ -22,6 +22,7 @@ from cpbench.preview.budget import (
     step_seconds,
 )
 from cpbench.probe.search import SearchConfig, Trial
+from cpbench.settings.cp1 import budget_left, cp1_settings
 from cpbench.settings.schema import ProbeConfig
 
 
@@ -223,3 +224,16 @@ def test_a_steps_growth_is_fitted_from_the_steps_measured_with_no_negative_term(
     assert StepGrowth.fit([(512, 27.0), (972, 173.0)]).seconds(1026) == pytest.approx(192, rel=0.1)
     assert StepGrowth.fit([(32, 0.1), (32, 0.2)]).seconds(64) == pytest.approx(1.6)
     assert StepGrowth.fit([]) is None
+
+
+def test_one_budget_for_the_command_the_baseline_has_half_and_the_cp_run_what_it_leaves():
+    """budget.minutes bounds `python -m cpbench`, its cp=1 baseline included: the baseline plans for
+    half, the CP run for the budget less what the baseline took (none when it came from the cache)."""
+    run = settings("topology.cp=2", "budget.minutes=4", "budget.cuda_minutes=30")
+    base = cp1_settings(run)
+    assert (base.budget.minutes, base.budget.cuda_minutes) == (2.0, 15.0)
+    left = budget_left(run, 96.0)
+    assert (left.budget.minutes, left.budget.cuda_minutes) == (2.4, 28.4)
+    assert budget_left(run, 600.0).budget.minutes == 0.0
+    assert budget_left(settings("budget.minutes=null"), 96.0).budget.minutes is None
+    assert run.budget.minutes == 4  # the run's own settings stay as given

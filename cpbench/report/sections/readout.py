@@ -34,11 +34,19 @@ def _max_n_sentences(frame: pd.DataFrame) -> list[str]:
     parts = []
     for r in fits.itertuples():
         where = f"cp={r.cp}" + (f" {r.topology}" if several and r.cp > 1 else "")
+        at = f"{'>= ' if r.bound else ''}{r.max_n} at {where}"
         if r.cp == 1 or pd.isna(r.vs_cp1):
-            parts.append(f"{r.max_n} at {where}")
+            parts.append(at)
         else:
-            parts.append(f"{r.max_n} at {where} ({r.vs_cp1:.2f}x cp=1; ideal sqrt(cp) = {r.ideal:.2f}x)")
+            parts.append(f"{at} ({r.vs_cp1:.2f}x cp=1; ideal sqrt(cp) = {r.ideal:.2f}x)")
     sentences = ["Largest N_tokens that fits: " + "; ".join(parts) + "."]
+    if fits["bound"].any():
+        bounded = ", ".join(f"cp={r.cp}" for r in fits.itertuples() if r.bound)
+        sentences.append(
+            f"At {bounded} the probe stopped short of the edge within the time budget: those are lower "
+            "bounds (the max-fit table says where it stopped), and a ratio with one in it is not the "
+            "edges' ratio; raise budget.minutes for the edge."
+        )
     if edge := edge_sentence(frame, fits):
         sentences.append(edge)
     if held := _holder_sentence(frame):
