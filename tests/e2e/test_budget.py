@@ -127,7 +127,7 @@ def test_a_probe_whose_next_step_would_overrun_the_budget_stops_and_gives_its_fi
     assert (row.N_tokens, row.status) == (256, "ok")
     assert row.error.startswith("max fit >= 256; the edge not reached: N=512's step would take ~")
     report = (out / "cp_benchmark.md").read_text()
-    assert "max fit >= 256; the edge not reached" in report  # the max-fit row's note
+    assert "Notes:\n\n- N=256 (ok): max fit >= 256; the edge not reached" in report  # the max-fit row's
     assert "Largest N_tokens that fits: >= 256 at cp=2. At cp=2 the probe stopped short of the edge" in report
 
 

@@ -44,7 +44,7 @@ def _max_n_sentences(frame: pd.DataFrame) -> list[str]:
         bounded = ", ".join(f"cp={r.cp}" for r in fits.itertuples() if r.bound)
         sentences.append(
             f"At {bounded} the probe stopped short of the edge within the time budget: those are lower "
-            "bounds (the max-fit table says where it stopped), and a ratio with one in it is not the "
+            "bounds (each max-fit row's note says where it stopped), and a ratio with one in it is not the "
             "edges' ratio; raise budget.minutes for the edge."
         )
     if edge := edge_sentence(frame, fits):

@@ -48,12 +48,19 @@ def table_lines(frame: pd.DataFrame, extra: Sequence[str] = ()) -> list[str]:
 
 
 def error_lines(frame: pd.DataFrame, with_run: bool = False) -> list[str]:
+    """Each row's error, and apart from them the notes of rows that are ok (a max-fit row whose probe
+    stopped short of its edge: its N a lower bound)."""
     if "error" not in frame.columns:
         return []
-    errors = frame[frame["error"].notna() & (frame["error"].astype(str) != "")]
-    if errors.empty:
-        return []
+    said = frame[frame["error"].notna() & (frame["error"].astype(str) != "")]
     where = (lambda r: f"{r.run} cp={r.cp} ") if with_run and "run" in frame.columns else (lambda r: "")
-    return ["", "Errors:", ""] + [
-        f"- {where(r)}N={r.N_tokens} ({r.status}): {r.error}" for r in errors.itertuples()
-    ]
+    out = []
+    for heading, rows in (
+        ("Errors:", said[said["status"] != "ok"]),
+        ("Notes:", said[said["status"] == "ok"]),
+    ):
+        if not rows.empty:
+            out += ["", heading, ""] + [
+                f"- {where(r)}N={r.N_tokens} ({r.status}): {r.error}" for r in rows.itertuples()
+            ]
+    return out
