@@ -17,7 +17,9 @@ with loaded():
     from cpbench.app.multirun import plan_run, run_job, sweep_job_dir
     from cpbench.app.preflight import checked
     from cpbench.app.process import begin
+    from cpbench.core import ConfigError
     from cpbench.experiment.runner import run_plan
+    from cpbench.settings.overrides import check_overrides
     from cpbench.settings.schema import register
 
 register()
@@ -45,6 +47,11 @@ def app(cfg: DictConfig) -> None:
 
 def main() -> None:
     call = begin()
+    try:
+        check_overrides(sys.argv[1:])
+    except ConfigError as err:
+        print(f"cpbench: error: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
     try:
         app()
     except SystemExit as done:

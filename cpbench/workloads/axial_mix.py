@@ -13,6 +13,7 @@ from torch import nn
 
 from cpbench.core import RankContext, Shape
 from cpbench.distributed.comm import all_reduce_sum, op_label
+from cpbench.models.pairformer.config import require_positive
 
 
 def pair_features(rows: slice, cols: slice, channels: int, seed: int, dtype: torch.dtype) -> torch.Tensor:
@@ -70,6 +71,7 @@ class AxialMixWorkload:
 
     def __init__(self, channels: int = 32, hidden: int = 64, blocks: int = 2):
         self.channels, self.hidden, self.blocks = channels, hidden, blocks
+        require_positive(self, "channels", "hidden", "blocks")  # a bad size fails by name, before any rank
 
     def build_model(self, ctx: RankContext) -> nn.Module:
         torch.manual_seed(ctx.seed)  # identical replicated weights on every rank

@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Mapping
 from dataclasses import replace
+from types import SimpleNamespace
 
 import torch
 from torch import nn
@@ -29,6 +30,7 @@ from cpbench.models.fold.diffusion import AtomContext, DiffusionSizes
 from cpbench.models.fold.model import FoldModel
 from cpbench.models.fold.msa import MSAConfig
 from cpbench.models.pairformer import PairformerConfig, PairLayout
+from cpbench.models.pairformer.config import require_positive
 from cpbench.workloads.base import Limitation, RealSetting
 from cpbench.workloads.pairformer import AF3_PAIRFORMER, FUSED_KERNELS, SIZES_WHY, PairformerWorkload
 
@@ -118,6 +120,8 @@ class FoldWorkload(PairformerWorkload):
         **pairformer,
     ):
         super().__init__(**pairformer)
+        # the MSA module's own config calls it n_blocks: named here as the user sets it
+        require_positive(SimpleNamespace(msa_blocks=msa_blocks), "msa_blocks")
         self.msa_knobs = dict(c_m=c_m, n_blocks=msa_blocks, opm_hidden=opm_hidden, pwa_heads=pwa_heads,
                               pwa_width=pwa_width)  # fmt: skip
         self.sizes = DiffusionSizes(c_atom=c_atom, c_atom_pair=c_atom_pair, c_token=c_token,

@@ -22,7 +22,7 @@ CONFIGS = ROOT / "configs"
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 SCRIPTS = sorted((ROOT / "launch").glob("*.sh"))
 # Keys shown as what cpbench refuses (an error message quoted in a page), not as overrides to use.
-REFUSED_ON_PURPOSE = {"workload.nonsense"}
+REFUSED_ON_PURPOSE = {"workload.nonsense", "nonsense.key"}
 GROUPS = {"workload", "experiment", "hydra/launcher"}
 ENUMS = {"workflow": Workflow, "mode": Mode, "dtype": DType}
 

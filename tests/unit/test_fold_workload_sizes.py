@@ -14,7 +14,7 @@ from cpbench.workloads.fold import FoldWorkload
         ("atom_heads", 3, "atom_heads=3: must divide c_atom=16"),
         ("sampling", {"steps": 0}, "sampling_steps=0: must be a positive integer"),
         ("sampling", {"step": 2}, "the sampler takes one setting, `steps`"),
-        ("msa_blocks", 0, "n_blocks=0: must be a positive integer"),
+        ("msa_blocks", 0, "msa_blocks=0: must be a positive integer"),
         ("token_heads", 5, "token_heads=5: must divide c_token=16"),
     ],
 )
