@@ -12,6 +12,8 @@ also the reference each point is checked against."""
 from __future__ import annotations
 
 import sys
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -72,17 +74,27 @@ def _complete(folder: RunFolder, base: BenchConfig) -> bool:
     return not base.probe.enabled or any(key.startswith("max-fit:") for key in done)
 
 
-def run_baseline(settings: BenchConfig, root: Path, notify: Notify) -> RunFolder | None:
+@dataclass(frozen=True)
+class Baseline:
+    """The baseline a run is compared with: its folder (None: the run has none, or it failed) and the
+    seconds this command spent measuring it (0 from the cache), which the run's time budget loses."""
+
+    folder: RunFolder | None
+    seconds: float = 0.0
+
+
+def run_baseline(settings: BenchConfig, root: Path, notify: Notify) -> Baseline:
     """Measure the baseline of `settings` in its cache folder unless it is there already (a run that
-    stopped part-way resumes), as one rank in its own process (the local launcher's); return its
-    folder, or None when the run has no baseline or it failed (the CP run goes on without it)."""
+    stopped part-way resumes), as one rank in its own process (the local launcher's); its folder is
+    None when the run has no baseline or it failed (the CP run goes on without it)."""
     base = baseline_settings(settings)
     if base is None:
-        return None
+        return Baseline(None)
     folder = cache_folder(settings, root)
     if _complete(folder, base):
         print(f"cpbench: cp=1 baseline from the cache: {folder.root}", file=sys.stderr)
-        return folder
+        return Baseline(folder)
+    began = time.monotonic()
     print(f"cpbench: measuring the cp=1 baseline first -> {folder.root}", file=sys.stderr)
     with lock.hold(folder):
         folder.clear_failure()
@@ -93,15 +105,15 @@ def run_baseline(settings: BenchConfig, root: Path, notify: Notify) -> RunFolder
         except ShapeDoesNotFit as failure:  # what CP is for: the CP run may fit it
             close_failed(folder, 1, "oom", failure.message)
             print(f"cpbench: the cp=1 baseline: {failure.message}; going on without it", file=sys.stderr)
-            return None
+            return Baseline(None, time.monotonic() - began)
         except RankFailure as failure:
             close_failed(folder, 1, "crashed" if failure.crashed else "error", str(failure))
             print(f"cpbench: the cp=1 baseline failed ({failure}); going on without it", file=sys.stderr)
-            return None
+            return Baseline(None, time.monotonic() - began)
         if base.probe.enabled:
             record_peak_holders(folder, base, spec.topology)
             write_report(folder.root)
-    return folder
+    return Baseline(folder, time.monotonic() - began)
 
 
 def refusal(folder: RunFolder) -> str | None:
@@ -121,10 +133,10 @@ def baseline_rows(folder: RunFolder, settings: BenchConfig) -> pd.DataFrame:
     return rows.assign(source=BASELINE, config_hash=config_hash(settings))
 
 
-def attach_baseline(run: RunFolder, settings: BenchConfig, root: Path, notify: Notify) -> RunFolder | None:
+def attach_baseline(run: RunFolder, settings: BenchConfig, root: Path, notify: Notify) -> Baseline:
     """Run (or find) the baseline of `settings` and put its rows into `run`'s results.csv, replacing
-    any it held; the baseline's folder, or None."""
-    folder = run_baseline(settings, root, notify)
-    if folder is not None and compared(settings):
-        run.set_baseline(baseline_rows(folder, settings), config_hash(settings))
-    return folder
+    any it held."""
+    baseline = run_baseline(settings, root, notify)
+    if baseline.folder is not None and compared(settings):
+        run.set_baseline(baseline_rows(baseline.folder, settings), config_hash(settings))
+    return baseline

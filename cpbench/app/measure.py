@@ -7,7 +7,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import sys
-import time
 
 from cpbench.app.baseline import attach_baseline, refusal
 from cpbench.app.interrupt import signals_end_the_run
@@ -36,9 +35,10 @@ def measure(call: Invocation) -> int:
     if settings.probe.predict:
         spec.prediction = estimate_for(call)
     if launcher.leads and launcher.starts_runs:
-        began = time.monotonic()
-        base = attach_baseline(folder, settings, call.baseline_root, tell)
-        spec.settings = budget_left(settings, time.monotonic() - began)  # one budget for the command
+        baseline = attach_baseline(folder, settings, call.baseline_root, tell)
+        base = baseline.folder
+        if baseline.seconds:  # one budget for the command: the CP run plans for what the baseline left
+            spec.settings = budget_left(settings, baseline.seconds)
         if base is not None and (refused := refusal(base)):
             print(f"cpbench: the cp=1 baseline: {refused} (baseline=false runs without it)",
                   file=sys.stderr)  # fmt: skip
