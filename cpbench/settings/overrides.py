@@ -5,6 +5,7 @@ is six lines naming its internal classes; the workload's own keys are checked wh
 
 from __future__ import annotations
 
+import re
 from importlib import resources
 from typing import Any
 
@@ -36,7 +37,8 @@ def check_overrides(argv: list[str]) -> None:
     groups = _config_groups()
     for override in overrides:
         key = override.key_or_group
-        if override.is_delete() or override.is_add() or key.split(".")[0] in FREE or key in groups:
+        head = re.split(r"[./]", key)[0]  # a group's path names its parent group: hydra/launcher
+        if override.is_delete() or override.is_add() or head in FREE or head in groups:
             continue
         if not _has_key(schema, key):
             raise ConfigError(f"{key}: no such setting (docs/settings.md lists them; +{key}=... adds a key)")

@@ -131,3 +131,11 @@ def test_a_wrong_value_is_one_line_and_exit_2_from_the_command(tmp_path):
         assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
         assert proc.stderr.strip().splitlines()[0].startswith(line), proc.stderr
         assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+def test_what_hydra_takes_passes_the_check():
+    """Config groups (nested ones too), Hydra's own keys, additions, deletions and a sweep's values."""
+    register()
+    check_overrides(["-m", "hydra/launcher=submitit_local", "hydra.sweep.dir=x", "workload=fold",
+                     "experiment=cpu_smoke", "topology.cp=1,2", "+workload.extra=1", "~probe.start",
+                     "workload.sampling.steps=3", "memory.budget_gib=null", "output_dir=x"])  # fmt: skip
