@@ -16,7 +16,7 @@ def cp1_settings(settings: BenchConfig) -> BenchConfig:
     one = copy.deepcopy(settings)
     budget = settings.budget
     one.budget.minutes, one.budget.cuda_minutes = (
-        None if m is None else round(m / 2, 1) for m in (budget.minutes, budget.cuda_minutes)
+        None if m is None else m / 2 for m in (budget.minutes, budget.cuda_minutes)
     )
     # The run's own kind at one rank (2d: a 1x1 grid): a model that needs a 2d mesh gets one.
     one.topology = TopologyConfig(kind=settings.topology.kind, cp=1, grid=None)
